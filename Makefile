@@ -1,0 +1,53 @@
+# aspo-lit — the README's commands. `make demo` and `make test` work on a fresh machine.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.aspo-lit-setup
+PYTEST_ARGS ?=
+RUNS ?=
+PROFILE ?= paper
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup test test-all demo testbed reproduce-table1 figure2 study study-quick bench clean help
+
+help:
+	@echo "make demo | test | test-all | setup | testbed | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | bench"
+
+$(STAMP): pyproject.toml scripts/setup_cpu.sh
+	@bash scripts/setup_cpu.sh
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+# Default suite (< 10 min on 2 cores). CI (CI=true) also runs the slow end-to-end tests.
+test: $(STAMP)
+	@if [ "$$CI" = "true" ]; then marks=""; else marks="-m 'not slow'"; fi; \
+	eval $(PY) -m pytest -q $$marks $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+testbed: $(STAMP)
+	$(PY) -m aspo_lit build-testbed
+
+demo: $(STAMP)
+	@$(PY) -m aspo_lit build-testbed
+	$(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml
+
+reproduce-table1: $(STAMP)
+	$(PY) -m aspo_lit table1 --config $(if $(filter tiny,$(PROFILE)),conf/tiny/table1.yaml,conf/table1.yaml) --compare-paper
+
+figure2: $(STAMP)
+	$(PY) -m aspo_lit figure2 $(RUNS) --out runs/figure2
+
+study: $(STAMP)
+	$(PY) -m aspo_lit study --config conf/study/default.yaml
+
+study-quick: $(STAMP)
+	$(PY) -m aspo_lit study --config conf/study/quick.yaml
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_losses.py && $(PY) benchmarks/bench_rollout.py
+
+clean:
+	rm -rf runs lightning_logs .pytest_cache

@@ -1,0 +1,162 @@
+"""The six math benchmarks of Table 1: where their rows come from, how many samples per problem.
+
+Each benchmark loads from a local file (the normalized JSONL copies in ../shared/data, whose row
+counts are the ones the paper's numbers imply) or, when none is given or found, from its public
+Hugging Face dataset. K per benchmark is the paper's (Appendix B): 64 for AIME24/25 and AMC23,
+8 for Minerva Math, 4 for MATH-500 and OlympiadBench.
+
+Hub ids (what verl/rllm/Qwen2.5-Math-style evaluation scripts load; none is the paper's own
+release, which has none):
+- aime24: HuggingFaceH4/aime_2024 (train, 30 rows)
+- aime25: yentinglin/aime_2025 (train, 30 rows; math-ai/aime25 and MathArena/aime_2025 are copies)
+- amc23: math-ai/amc23 (test, the 40-problem AMC 12A/12B 2023 set; fields question/answer)
+- math500: HuggingFaceH4/MATH-500 (test, 500 rows)
+- minerva: math-ai/minervamath (test, 272 rows; fields question/answer). The local file is
+  preferred: its answer is the last \\boxed{} of the official solution (see
+  ../shared/data/README.md on the DeepScaleR copy's wrong sub-problem answers).
+- olympiadbench: Hothan/OlympiadBench, config OE_TO_maths_en_COMP (train, 675 rows; fields
+  question/final_answer, a one-element list whose `$` are removed here).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    k: int                              # samples per problem (avg@K / pass@K)
+    column: str                         # Table 1 column prefix: "<column>_avg@K"
+    filename: str                       # default local file name inside the data dir
+    hub_id: str | None = None
+    hub_config: str | None = None
+    split: str = "test"
+    # our field ("problem", "answer", "id") -> the hub dataset's; local files use ours
+    fields: dict = field(default_factory=dict)
+
+
+BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
+    Benchmark("aime24", 64, "aime24", "aime24.jsonl", "HuggingFaceH4/aime_2024", split="train",
+              fields={"problem": "problem", "answer": "answer", "id": "id"}),
+    Benchmark("aime25", 64, "aime25", "aime25.jsonl", "yentinglin/aime_2025", split="train",
+              fields={"problem": "problem", "answer": "answer", "id": "id"}),
+    Benchmark("amc23", 64, "amc23", "amc23.jsonl", "math-ai/amc23", split="test",
+              fields={"problem": "question", "answer": "answer", "id": "id"}),
+    Benchmark("math500", 4, "math500", "math500.jsonl", "HuggingFaceH4/MATH-500", split="test",
+              fields={"problem": "problem", "answer": "answer", "id": "unique_id"}),
+    Benchmark("minerva", 8, "minerva", "minerva.jsonl", "math-ai/minervamath", split="test",
+              fields={"problem": "question", "answer": "answer"}),
+    Benchmark("olympiadbench", 4, "olympiad", "olympiadbench.jsonl", "Hothan/OlympiadBench",
+              hub_config="OE_TO_maths_en_COMP", split="train",
+              fields={"problem": "question", "answer": "final_answer", "id": "id"}),
+]}
+TABLE1_BENCHMARKS = tuple(BENCHMARKS)   # the paper's column order
+
+
+def get_benchmark(spec) -> Benchmark:
+    """A registered benchmark by name, or an ad-hoc one from a dict (config files): at least
+    `name` and `k`; `path`-only benchmarks need no hub id."""
+    if isinstance(spec, Benchmark):
+        return spec
+    if isinstance(spec, str):
+        if spec not in BENCHMARKS:
+            raise KeyError(f"unknown benchmark {spec!r}; registered: {', '.join(BENCHMARKS)}")
+        return BENCHMARKS[spec]
+    spec = dict(spec)
+    name = spec.pop("name")
+    base = BENCHMARKS.get(name)
+    known = {f for f in Benchmark.__dataclass_fields__ if f != "name"}
+    overrides = {key: value for key, value in spec.items() if key in known}
+    if base is not None:
+        return Benchmark(**{**base.__dict__, **overrides})
+    if "k" not in overrides:
+        raise ValueError(f"benchmark {name!r} is not registered: give its 'k' (and 'path')")
+    overrides.setdefault("column", name)
+    overrides.setdefault("filename", f"{name}.jsonl")
+    return Benchmark(name=name, **overrides)
+
+
+def default_data_dir() -> Path | None:
+    """$ASPO_DATA_DIR, else the staged copies in <repo>/../shared/data when present."""
+    env = os.environ.get("ASPO_DATA_DIR")
+    if env:
+        return Path(env)
+    shared = REPO_ROOT.parent / "shared" / "data"
+    return shared if shared.is_dir() else None
+
+
+def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
+    """Rows `{"id", "problem", "answer"}` of one benchmark, in file order.
+
+    Source, first that applies: `path` (a JSONL/JSON/parquet file, or a folder holding the
+    benchmark's default file or such files); `<data_dir>/<default file>` (data_dir defaults to
+    `default_data_dir()`); the benchmark's hub dataset. A row without a problem or answer, or
+    with a non-string answer, in a local file raises ValueError naming the file and line
+    (`data_modules.prompts.load_rows`, shared with training).
+    """
+    bench = get_benchmark(name)
+    if path is None:
+        data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        if data_dir is not None and (data_dir / bench.filename).is_file():
+            path = data_dir / bench.filename
+    if path is not None:
+        return _load_local(bench, Path(path))
+    if bench.hub_id is None:
+        raise FileNotFoundError(f"benchmark {bench.name!r}: no local file {bench.filename} in "
+                                f"{data_dir} and no hub dataset id")
+    return _load_hub(bench)
+
+
+def _load_local(bench: Benchmark, path: Path) -> list[dict]:
+    """Rows of a local file, or of a folder's default file (else all its data files). Rows are
+    validated by the training DataModule's loader, so errors name the file and line alike."""
+    from data_modules.prompts import load_rows
+
+    if path.is_dir() and (path / bench.filename).is_file():
+        path = path / bench.filename
+    if not path.exists():
+        raise FileNotFoundError(f"benchmark {bench.name!r}: {path} does not exist")
+    rows, _ = load_rows(str(path), "problem", "answer", on_bad_row="error")
+    _check_unique_ids(rows, str(path))
+    return rows
+
+
+def _load_hub(bench: Benchmark) -> list[dict]:
+    import datasets
+
+    table = datasets.load_dataset(bench.hub_id, bench.hub_config, split=bench.split)
+    get = lambda record, ours, default=None: record.get(bench.fields.get(ours, ours), default)
+    rows = []
+    for i, record in enumerate(table):
+        problem, answer = get(record, "problem"), _hub_answer(get(record, "answer"))
+        if not isinstance(problem, str) or not problem.strip() or not isinstance(answer, str) \
+                or not answer.strip():
+            raise ValueError(f"{bench.hub_id}[{bench.split}] row {i}: no usable problem/answer")
+        rows.append({"id": str(get(record, "id", f"{bench.name}-{i}")), "problem": problem,
+                     "answer": answer})
+    _check_unique_ids(rows, bench.hub_id)
+    return rows
+
+
+def _hub_answer(answer):
+    """Hub copies store answers as numbers (amc23: 27.0) or one-element lists with `$`
+    (OlympiadBench); normalize them the way ../shared/data did."""
+    if isinstance(answer, list) and answer:
+        answer = ",".join(str(a).replace("$", "").strip() for a in answer)
+    if isinstance(answer, float) and answer.is_integer():
+        answer = int(answer)
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
+    return answer
+
+
+def _check_unique_ids(rows: list[dict], source: str) -> None:
+    seen = set()
+    for row in rows:
+        if row["id"] in seen:
+            raise ValueError(f"{source}: duplicate problem id {row['id']!r}")
+        seen.add(row["id"])

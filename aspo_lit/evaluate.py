@@ -1,0 +1,612 @@
+"""Benchmark evaluation: K samples per problem, graded, avg@K and pass@K (SPEC.md "Evaluation").
+
+Every sample is recorded as one JSONL line, flushed per problem, in
+`<out_dir>/<model_tag>/<benchmark>.samples.jsonl`:
+
+    {"problem_id", "sample_index", "text_sha1", "answer_extracted", "correct",
+     "finish_reason", "num_tokens"}
+
+so a killed or preempted evaluation resumes where it stopped (done (problem, sample) pairs are
+skipped, never written twice), and a finished (model, benchmark) pair — `<benchmark>.done.json`
+holding its metrics — is never recomputed. `<benchmark>.meta.json` pins the sampling settings:
+samples drawn under other settings are never mixed in.
+
+The model is an HF hub id, a local folder, "testbed", or a Lightning checkpoint (`.ckpt`) of
+`ASPOModule`, exported to HF format on the fly (`export_checkpoint`).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+
+from aspo_lit.benchmarks import Benchmark, get_benchmark, load_benchmark
+from aspo_lit.prompts import encode_prompt
+from aspo_lit.rewards import extract_answer
+
+log = logging.getLogger(__name__)
+
+SAMPLING_DEFAULTS = {"temperature": 0.8, "top_p": 1.0, "max_tokens": 32768, "seed": 0}
+
+
+# --- models ------------------------------------------------------------------------------------
+
+def is_checkpoint(model: str) -> bool:
+    return str(model).endswith(".ckpt")
+
+
+def export_checkpoint(ckpt_path, out_dir, torch_dtype: str | None = None) -> Path:
+    """Write the policy of an `ASPOModule` Lightning checkpoint as an HF model folder.
+
+    The module keeps its policy under the attribute `policy` (state-dict keys `policy.*`) and
+    its base model in the hyper-parameter `model_name_or_path`; the base model is loaded, the
+    trained weights are put into it (all of them: a missing or unexpected key is an error), and
+    model + tokenizer are saved with `save_pretrained`. Returns `out_dir`.
+    """
+    import torch
+
+    from aspo_lit.models import load_policy, load_tokenizer
+
+    ckpt_path, out_dir = Path(ckpt_path), Path(out_dir)
+    checkpoint = load_checkpoint(ckpt_path)
+    hparams = checkpoint.get("hyper_parameters") or {}
+    base = hparams.get("model_name_or_path")
+    if not base:
+        raise ValueError(f"{ckpt_path}: no hyper_parameters['model_name_or_path'] "
+                         "(not an ASPOModule checkpoint?)")
+    prefix = "policy."
+    state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    if not state:
+        raise ValueError(f"{ckpt_path}: no '{prefix}*' weights in its state_dict")
+    dtype = torch_dtype or hparams.get("torch_dtype") or "float32"
+    model = load_policy(base, dtype)
+    result = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"{ckpt_path}: weights do not fit base model {base!r}: missing "
+                         f"{missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+    model.config.use_cache = True
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    load_tokenizer(base).save_pretrained(out_dir)
+    (out_dir / "exported_from.json").write_text(json.dumps(
+        {"checkpoint": str(ckpt_path.resolve()), "base_model": base,
+         "global_step": checkpoint.get("global_step")}, indent=1))
+    return out_dir
+
+
+def load_checkpoint(ckpt_path: Path) -> dict:
+    """A Lightning checkpoint as one dict, with the module's full (unsharded) `state_dict`.
+
+    A file is a plain `torch.save`. A folder is what `ModelParallelStrategy` (FSDP2) writes: a
+    torch.distributed checkpoint of the sharded state plus `meta.pt` with everything else; only
+    its `state_dict` entry is read (not the optimizer states), gathered into one process.
+    """
+    import torch
+
+    def torch_load(path):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:   # our own checkpoints: hyper-parameters may hold non-tensor objects
+            return torch.load(path, map_location="cpu", weights_only=False)
+
+    if not ckpt_path.is_dir():
+        return torch_load(ckpt_path)
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    if not (ckpt_path / "meta.pt").is_file():
+        raise ValueError(f"{ckpt_path}: a folder, but not a Lightning distributed checkpoint "
+                         "(no meta.pt)")
+    checkpoint = torch_load(ckpt_path / "meta.pt")
+    with warnings.catch_warnings():   # "assuming the intent is to load in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        sharded = _load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(ckpt_path))
+    checkpoint["state_dict"] = sharded["state_dict"]
+    return checkpoint
+
+
+def model_fingerprint(model: str) -> str:
+    """Identifies the weights: the hub id, or sizes and mtimes of a local file/folder."""
+    path = Path(model).expanduser()
+    if not path.exists():
+        return str(model)
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    parts = [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
+    return hashlib.sha1("|".join([str(path.resolve()), *parts]).encode()).hexdigest()[:12]
+
+
+def model_tag(model: str) -> str:
+    """Folder name of a model's results: `org__name` for a hub id, the folder name for a local
+    model, `<run>-<ckpt stem>-<fingerprint>` for a checkpoint (a retrained checkpoint gets new
+    results instead of stale ones)."""
+    path = Path(str(model)).expanduser()
+    if is_checkpoint(model):   # runs/<name>/version_N/checkpoints/last.ckpt -> <name>-version_N-last-...
+        run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        run = f"{run.parent.name}-{run.name}" if run.name.startswith("version_") else run.name
+        tag = f"{run}-{path.stem}-{model_fingerprint(model)[:8]}"
+    elif path.exists():
+        tag = path.resolve().name
+    else:
+        tag = str(model).replace("/", "__")
+    return re.sub(r"[^A-Za-z0-9._=+-]", "_", tag)
+
+
+def resolve_model(model: str, cache_dir: Path) -> str:
+    """An HF-loadable path or id for `model` (a checkpoint is exported once into `cache_dir`)."""
+    from aspo_lit.models import resolve_model_path
+
+    if not is_checkpoint(model):
+        return resolve_model_path(str(model))
+    if not Path(model).exists():
+        raise FileNotFoundError(f"checkpoint {model} not found")
+    out = Path(cache_dir) / f"{model_tag(model)}"
+    if not (out / "exported_from.json").is_file():
+        export_checkpoint(model, out)
+    return str(out)
+
+
+# --- per-sample records ------------------------------------------------------------------------
+
+def read_sample_records(path: Path) -> dict[tuple[str, int], dict]:
+    """Records already written, keyed by (problem_id, sample_index); the first one wins. A torn
+    last line (the process was killed mid-write) is cut off so appending continues cleanly."""
+    records: dict[tuple[str, int], dict] = {}
+    if not path.is_file():
+        return records
+    with open(path, "rb+") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            log.warning("%s: dropping a torn last line (%d bytes)", path, len(data) - end)
+            f.truncate(end)
+    for lineno, line in enumerate(data[:end].decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            records.setdefault((str(rec["problem_id"]), int(rec["sample_index"])), rec)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            log.warning("%s, line %d: unreadable record skipped", path, lineno)
+    return records
+
+
+# --- metrics -----------------------------------------------------------------------------------
+
+def benchmark_metrics(correct_counts: list[int], k: int) -> dict[str, float]:
+    """avg@K and unbiased pass@K in percent from per-problem correct counts out of K samples."""
+    import torch
+
+    from aspo_lit.metrics import AvgAtK, PassAtK
+
+    counts = torch.tensor(correct_counts, dtype=torch.long)
+    scores = {}
+    for name, metric in (("avg@k", AvgAtK()), ("pass@k", PassAtK(k))):
+        metric.update(counts, k)
+        scores[name] = 100.0 * float(metric.compute())
+    return scores
+
+
+# --- evaluation --------------------------------------------------------------------------------
+
+def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8, top_p=1.0,
+                   max_tokens=32768, engine="auto", limit=None, seed=0, *, tag=None,
+                   data_dir=None, template="chat", enable_thinking=False, reward=None,
+                   samples_per_call=1024, engine_kwargs=None) -> dict[str, dict]:
+    """Evaluate one model on benchmarks; returns {benchmark: metrics} (see `done.json`).
+
+    benchmarks: names ("aime24", ...) or dicts {"name", "path"?, "k"?, "limit"?, ...}.
+    k: None (each benchmark's paper K), an int, or {name: K}. limit: first N problems.
+    engine: "auto" / an engine name for `aspo_lit.rollout.build_engine`, or a RolloutEngine.
+    reward: an object with `.batch(texts, golds)`; default `MathVerifyReward()`.
+    """
+    out = Path(out_dir) / (tag or model_tag(model))
+    out.mkdir(parents=True, exist_ok=True)
+    session = _Session(model, out, engine, engine_kwargs, template, enable_thinking, reward,
+                       cache_dir=Path(out_dir) / ".exported")
+    sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}
+    results = {}
+    try:
+        for spec in benchmarks:
+            if isinstance(spec, Benchmark):
+                spec = {**spec.__dict__}
+            spec = {"name": spec} if isinstance(spec, str) else dict(spec)
+            # K: the benchmark entry's own, else the call's (int or per name), else the paper's
+            spec["k"] = spec.get("k") or (k.get(spec["name"]) if isinstance(k, dict) else k)
+            spec = {key: value for key, value in spec.items() if value is not None}
+            bench = get_benchmark(spec)
+            bench_limit = spec.get("limit", limit)
+            rows = load_benchmark(bench, path=spec.get("path"), data_dir=data_dir)
+            rows = rows[:bench_limit] if bench_limit else rows
+            results[bench.name] = _evaluate_benchmark(session, bench, rows, bench.k, sampling,
+                                                      samples_per_call)
+    finally:
+        session.close()
+    write_model_results(out, results)
+    return results
+
+
+class _Session:
+    """The model side of one evaluation: resolved/exported lazily, the engine built on first use
+    (a model whose benchmarks are all done never loads)."""
+
+    def __init__(self, model, out, engine, engine_kwargs, template, enable_thinking, reward,
+                 cache_dir):
+        self.model, self.out, self.engine_spec = str(model), out, engine
+        self.engine_kwargs = engine_kwargs or {}
+        self.template, self.enable_thinking = template, enable_thinking
+        self.cache_dir = cache_dir
+        self.reward_spec, self._reward, self._engine, self.tokenizer = reward, reward, None, None
+
+    @functools.cached_property
+    def meta(self) -> dict:
+        """What the samples depend on besides the sampling settings."""
+        from aspo_lit.models import resolve_model_path
+        weights = self.model if is_checkpoint(self.model) else resolve_model_path(self.model)
+        return {"model": self.model, "model_fingerprint": model_fingerprint(weights),
+                "template": self.template, "enable_thinking": self.enable_thinking}
+
+    @property
+    def reward(self):
+        if self._reward is None:
+            from aspo_lit.rewards import MathVerifyReward
+            self._reward = MathVerifyReward()
+        return self._reward
+
+    @property
+    def engine(self):
+        if self._engine is None:
+            from aspo_lit.models import load_tokenizer
+            path = resolve_model(self.model, self.cache_dir)
+            self.tokenizer = load_tokenizer(path)
+            engine = self.engine_spec
+            if isinstance(engine, str):
+                from aspo_lit.rollout import build_engine
+                engine = build_engine(engine, **self.engine_kwargs)
+            engine.attach(None, self.tokenizer, path)   # the engine loads the weights itself
+            self._engine = engine
+        return self._engine
+
+    def prompt_ids(self, problem: str) -> list[int]:
+        return encode_prompt(problem, self.tokenizer, self.template, self.enable_thinking)
+
+    def close(self):
+        # an engine or reward passed in belongs to the caller
+        if self._engine is not None and self._engine is not self.engine_spec:
+            self._engine.close()
+        if self._reward is not None and self._reward is not self.reward_spec:
+            getattr(self._reward, "close", lambda: None)()
+
+
+def _evaluate_benchmark(session, bench, rows, k, sampling, samples_per_call) -> dict:
+    out = session.out
+    done_path = out / f"{bench.name}.done.json"
+    ids = [r["id"] for r in rows]
+    ids_sha1 = hashlib.sha1("\n".join(ids).encode()).hexdigest()
+    meta = {**session.meta, **sampling}
+    _check_meta(out / f"{bench.name}.meta.json", meta)
+    if done_path.is_file():
+        done = json.loads(done_path.read_text())
+        if done.get("k") == k and done.get("problem_ids_sha1") == ids_sha1:
+            log.info("%s: %s already evaluated (%s), not recomputed", out.name, bench.name, done_path)
+            return done
+
+    samples_path = out / f"{bench.name}.samples.jsonl"
+    records = read_sample_records(samples_path)
+    todo = [(i, row, [s for s in range(k) if (row["id"], s) not in records])
+            for i, row in enumerate(rows)]
+    todo = [t for t in todo if t[2]]
+    if todo:
+        log.info("%s: %s — %d of %d problems to sample (K=%d)", out.name, bench.name, len(todo),
+                 len(rows), k)
+        with open(samples_path, "a", encoding="utf-8") as sink:
+            for chunk in _chunks(todo, samples_per_call):
+                _sample_chunk(session, chunk, sampling, sink, records)
+
+    counts, tokens, truncated = [], [], 0
+    for row in rows:
+        recs = [records[(row["id"], s)] for s in range(k)]
+        counts.append(sum(int(bool(r["correct"])) for r in recs))
+        tokens += [r.get("num_tokens") or 0 for r in recs]
+        truncated += sum(r.get("finish_reason") == "length" for r in recs)
+    metrics = benchmark_metrics(counts, k)
+    done = {"benchmark": bench.name, "column": bench.column, "k": k, "n_problems": len(rows),
+            "avg@k": metrics["avg@k"], "pass@k": metrics["pass@k"],
+            f"{bench.column}_avg@{k}": metrics["avg@k"],
+            f"{bench.column}_pass@{k}": metrics["pass@k"],
+            "mean_response_tokens": sum(tokens) / max(len(tokens), 1),
+            "truncated_frac": truncated / max(len(rows) * k, 1),
+            "problem_ids_sha1": ids_sha1, "settings": meta}
+    _write_json(done_path, done)
+    return done
+
+
+def _check_meta(path: Path, meta: dict) -> None:
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old != meta:
+            diff = {key: (old.get(key), meta.get(key)) for key in set(old) | set(meta)
+                    if old.get(key) != meta.get(key)}
+            raise ValueError(f"{path}: samples there were drawn with other settings {diff} "
+                             "(old, new); use another out_dir or tag, or delete that folder")
+    else:
+        _write_json(path, meta)
+
+
+def _chunks(todo, samples_per_call):
+    """Consecutive problems needing the same number of samples, up to `samples_per_call`
+    samples per engine call (one problem at least)."""
+    chunk, size = [], 0
+    for item in todo:
+        n = len(item[2])
+        if chunk and (n != len(chunk[0][2]) or size + n > samples_per_call):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += n
+    if chunk:
+        yield chunk
+
+
+def _sample_chunk(session, chunk, sampling, sink, records) -> None:
+    from aspo_lit.rollout import SamplingConfig
+
+    engine = session.engine
+    n = len(chunk[0][2])
+    first_index, first_sample = chunk[0][0], chunk[0][2][0]
+    config = SamplingConfig(temperature=sampling["temperature"], top_p=sampling["top_p"],
+                            max_tokens=sampling["max_tokens"],
+                            seed=_call_seed(sampling["seed"], first_index, first_sample))
+    outputs = engine.generate([session.prompt_ids(row["problem"]) for _, row, _ in chunk], n, config)
+    if len(outputs) != len(chunk) or any(len(o) != n for o in outputs):
+        raise RuntimeError(f"engine returned {[len(o) for o in outputs]} samples for "
+                           f"{len(chunk)} prompts x n={n}")
+    texts = [c.text for completions in outputs for c in completions]
+    golds = [row["answer"] for _, row, _ in chunk for _ in range(n)]
+    scores = session.reward.batch(texts, golds)
+    flat = iter(zip([c for completions in outputs for c in completions], scores))
+    for _, row, sample_indices in chunk:
+        for s in sample_indices:
+            completion, score = next(flat)
+            rec = {"problem_id": row["id"], "sample_index": s,
+                   "text_sha1": hashlib.sha1(completion.text.encode()).hexdigest(),
+                   "answer_extracted": extract_answer(completion.text,
+                                                      getattr(session.reward, "think_end_token", "</think>")),
+                   "correct": bool(score > 0.5), "finish_reason": completion.finish_reason,
+                   "num_tokens": len(completion.token_ids)}
+            sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            records[(row["id"], s)] = rec
+        sink.flush()
+
+
+def _call_seed(seed: int, problem_index: int, sample_index: int) -> int:
+    return (int(seed) * 1_000_003 + problem_index * 1009 + sample_index) % (2**31 - 1)
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False))
+    os.replace(tmp, path)
+
+
+# --- outputs -----------------------------------------------------------------------------------
+
+RESULT_FIELDS = ["benchmark", "k", "n_problems", "avg@k", "pass@k", "mean_response_tokens",
+                 "truncated_frac"]
+
+
+def table_columns(results: dict[str, dict]) -> dict[str, float]:
+    """One Table 1 row of ours: {"aime24_avg@64": ..., "aime24_pass@64": ..., ...}."""
+    columns = {}
+    for r in results.values():
+        columns[f"{r['column']}_avg@{r['k']}"] = r["avg@k"]
+        columns[f"{r['column']}_pass@{r['k']}"] = r["pass@k"]
+    return columns
+
+
+def write_model_results(out: Path, results: dict[str, dict]) -> None:
+    """<out>/results.csv and results.md: one line per benchmark evaluated so far for this model
+    (merged with earlier calls' benchmarks, from their done.json files)."""
+    merged = {}
+    for done in sorted(out.glob("*.done.json")):
+        r = json.loads(done.read_text())
+        merged[r["benchmark"]] = r
+    merged.update(results)
+    with open(out / "results.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=RESULT_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(merged.values())
+    lines = [f"# {out.name}", "", "| benchmark | K | problems | avg@K | pass@K | mean tokens | "
+             "truncated |", "|---|---|---|---|---|---|---|"]
+    for r in merged.values():
+        lines.append(f"| {r['benchmark']} | {r['k']} | {r['n_problems']} | {r['avg@k']:.1f} | "
+                     f"{r['pass@k']:.1f} | {r['mean_response_tokens']:.0f} | "
+                     f"{100 * r['truncated_frac']:.1f}% |")
+    (out / "results.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+
+def evaluate_main(argv=None) -> int:
+    """`python -m aspo_lit evaluate --model M --benchmarks aime24 math500 --out runs/eval`."""
+    p = argparse.ArgumentParser(prog="aspo_lit evaluate", description=evaluate_main.__doc__)
+    p.add_argument("--model", required=True,
+                   help="HF hub id, local HF folder, 'testbed', or an ASPOModule .ckpt")
+    p.add_argument("--benchmarks", nargs="+", default=None,
+                   help="benchmark names (default: the six of Table 1)")
+    p.add_argument("--data-path", action="append", default=[], metavar="NAME=PATH",
+                   help="local file/folder for one benchmark (repeatable)")
+    p.add_argument("--data-dir", default=None,
+                   help="folder with <name>.jsonl files (default: $ASPO_DATA_DIR or "
+                        "../shared/data; else the hub)")
+    p.add_argument("--out", default="runs/eval")
+    p.add_argument("--tag", default=None, help="results folder name (default: from the model)")
+    p.add_argument("--k", type=int, default=None, help="samples per problem (default: paper K)")
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
+    p.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS["temperature"])
+    p.add_argument("--top-p", type=float, default=SAMPLING_DEFAULTS["top_p"])
+    p.add_argument("--max-tokens", type=int, default=SAMPLING_DEFAULTS["max_tokens"])
+    p.add_argument("--seed", type=int, default=SAMPLING_DEFAULTS["seed"])
+    p.add_argument("--engine", default="auto")
+    p.add_argument("--template", default="chat", choices=["chat", "plain"])
+    args = p.parse_args(argv)
+    _setup_logging()
+    from aspo_lit.benchmarks import TABLE1_BENCHMARKS
+    paths = dict(item.split("=", 1) for item in args.data_path)
+    names = args.benchmarks or list(TABLE1_BENCHMARKS)
+    benchmarks = [{"name": n, "path": paths.get(n)} for n in names]
+    evaluate_model(args.model, benchmarks, args.out, k=args.k,
+                             temperature=args.temperature, top_p=args.top_p,
+                             max_tokens=args.max_tokens, engine=args.engine, limit=args.limit,
+                             seed=args.seed, tag=args.tag, data_dir=args.data_dir,
+                             template=args.template)
+    out = Path(args.out) / (args.tag or model_tag(args.model))
+    print((out / "results.md").read_text())
+    print(f"per-sample records and results in {out}")
+    return 0
+
+
+def _setup_logging():
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                            stream=sys.stderr)
+
+
+# --- Table 1 -----------------------------------------------------------------------------------
+
+def check_model(model: str, local_only: bool = False) -> str | None:
+    """Why `model` cannot be evaluated (None when it can): a missing checkpoint or folder, or a
+    hub id that does not load (offline, gated, misspelt). `local_only`: look in the HF cache
+    only (after the hub was found unreachable, rather than waiting out its retries again)."""
+    model = str(model)
+    path = Path(model).expanduser()
+    if is_checkpoint(model) or model.startswith((".", "/", "~")) or path.exists():
+        return None if path.exists() else f"not found: {model}"
+    if model == "testbed":
+        return None
+    try:
+        from transformers import AutoConfig
+        AutoConfig.from_pretrained(model, local_files_only=local_only)
+    except Exception as e:   # noqa: BLE001 - any failure means "cannot load", with its reason
+        where = "the local HF cache (hub unreachable)" if local_only else "the hub"
+        return f"cannot load {model!r} from {where}: {type(e).__name__}: " \
+               f"{str(e).splitlines()[0][:200]}"
+    return None
+
+
+def prepare_benchmark_files(benchmarks: list, out_dir: Path) -> list:
+    """Benchmarks that name a generator (the testbed's arithmetic held-out split) get their
+    JSONL written under `out_dir` (`path`, default `data/<name>.jsonl`) when it is missing:
+    `{"name", "k", "generate": {"n", "seed", "levels", "split", ...}}`."""
+    prepared = []
+    for spec in benchmarks:
+        if isinstance(spec, dict) and spec.get("generate"):
+            spec = dict(spec)
+            path = out_dir / spec.get("path", f"data/{spec['name']}.jsonl")
+            if not path.is_file():
+                from data_modules.arithmetic import generate_problems, write_jsonl
+                write_jsonl(generate_problems(**spec.pop("generate")), path)
+            spec.pop("generate", None)
+            spec["path"] = str(path)
+        prepared.append(spec)
+    return prepared
+
+
+def _row_model(model: str, root: Path) -> str | None:
+    """A config row's model: checkpoint and ./relative paths are taken from `root`; a glob
+    (`runs/tiny_aspo/version_*/checkpoints/last.ckpt`: Lightning numbers its log versions)
+    means the newest match, None when nothing matches."""
+    if not (is_checkpoint(model) or model.startswith(".") or any(c in model for c in "*?[")):
+        return model
+    path = Path(model).expanduser()
+    path = path if path.is_absolute() else root / path
+    if not any(c in model for c in "*?["):
+        return str(path)
+    matches = sorted(Path(path.anchor).glob(str(path.relative_to(path.anchor))),
+                     key=lambda p: p.stat().st_mtime)
+    return str(matches[-1]) if matches else None
+
+
+def run_table1(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
+               root: Path | None = None):
+    """Evaluate every row of a Table 1 config whose model is available and render the table.
+    Returns (markdown, rows) of `aspo_lit.tables.render_table1`."""
+    from aspo_lit.tables import render_table1
+
+    root = Path(root or Path.cwd())
+    out_dir = Path(config.get("out_dir", "runs/table1"))
+    out_dir = out_dir if out_dir.is_absolute() else root / out_dir
+    compare = config.get("compare_paper", False) if compare_paper is None else compare_paper
+    sampling = {**SAMPLING_DEFAULTS, **(config.get("sampling") or {})}
+    benchmarks = prepare_benchmark_files(list(config["benchmarks"]), out_dir)
+    results, missing, hub_unreachable = {}, {}, False
+    for row in config["rows"]:
+        key = (row["base_model"], row["method"])
+        if only and not any(o in f"{key[0]}/{key[1]}" for o in only):
+            continue
+        model, reason = _row_model(str(row["model"]), root), None
+        if model is None:
+            reason = f"no file matches {row['model']}"
+        else:
+            reason = check_model(model, local_only=hub_unreachable)
+            hub_unreachable |= reason is not None and "connect" in reason
+        if reason is not None:
+            hint = f" (produced by: {row['produced_by']})" if row.get("produced_by") else ""
+            missing[key] = reason + hint
+            log.warning("%s / %s: missing — %s", *key, missing[key])
+            continue
+        row_sampling = {**sampling, **(row.get("sampling") or {})}
+        try:
+            per_bench = evaluate_model(
+                model, benchmarks, out_dir / "models", k=config.get("k"),
+                limit=config.get("limit"), engine=config.get("engine", "auto"),
+                engine_kwargs=row.get("engine_kwargs", config.get("engine_kwargs")),
+                data_dir=config.get("data_dir"),
+                template=row.get("template", config.get("template", "chat")),
+                enable_thinking=row.get("enable_thinking", config.get("enable_thinking", False)),
+                tag=row.get("tag"), samples_per_call=config.get("samples_per_call", 1024),
+                **row_sampling)
+        except Exception as e:   # noqa: BLE001 - one failed row must not lose the others
+            log.exception("%s / %s: evaluation failed", *key)
+            missing[key] = f"evaluation failed: {type(e).__name__}: {e}"
+            continue
+        results[key] = table_columns(per_bench)
+    return render_table1(results, compare_paper=compare, missing=missing, out_dir=out_dir)
+
+
+def table1_main(argv=None) -> int:
+    """`python -m aspo_lit table1 --config conf/table1.yaml [--compare-paper]`: evaluate the
+    config's rows (missing models are reported, not fabricated) and print Table 1."""
+    import yaml
+
+    p = argparse.ArgumentParser(prog="aspo_lit table1", description=table1_main.__doc__)
+    p.add_argument("--config", default="conf/table1.yaml")
+    p.add_argument("--compare-paper", action=argparse.BooleanOptionalAction, default=None,
+                   help="show the paper's value and the delta in every cell "
+                        "(default: the config's compare_paper)")
+    p.add_argument("--out", default=None, help="output folder (default: the config's out_dir)")
+    p.add_argument("--only", nargs="+", default=None,
+                   help="evaluate only rows whose 'base_model/method' contains one of these")
+    p.add_argument("--limit", type=int, default=None, help="first N problems per benchmark")
+    p.add_argument("--engine", default=None, help="override the config's engine")
+    args = p.parse_args(argv)
+    _setup_logging()
+    with open(args.config, encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    for key, value in (("out_dir", args.out), ("limit", args.limit), ("engine", args.engine)):
+        if value is not None:
+            config[key] = value
+    markdown, _ = run_table1(config, compare_paper=args.compare_paper, only=args.only)
+    print(markdown)
+    out_dir = Path(config.get("out_dir", "runs/table1"))
+    print(f"written: {out_dir / 'table1.md'}, {out_dir / 'table1.csv'}; per-model results under "
+          f"{out_dir / 'models'}")
+    return 0

@@ -1,0 +1,74 @@
+"""Loading the policy / reference / tokenizer, FSDP2 sharding, and full-weight gathering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TESTBED = "testbed"
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """`"testbed"` → the cached CPU testbed model (built on first use); anything else unchanged.
+
+    A local folder is used as is; any other string is an HF hub id, loaded by transformers.
+    """
+    if name_or_path == TESTBED:
+        from aspo_lit.testbed import build_testbed
+
+        return str(build_testbed())
+    if name_or_path.startswith((".", "/", "~")) and not Path(name_or_path).expanduser().exists():
+        raise FileNotFoundError(f"model_name_or_path: no such folder {name_or_path!r}")
+    return name_or_path
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+
+
+def load_policy(name_or_path: str, torch_dtype: str = "float32") -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=_DTYPES[torch_dtype])
+    model.config.use_cache = False
+    return model
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of an HF causal LM (the FSDP wrap unit), found by the model's own class list."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"cannot find decoder layers of {type(model).__name__} to shard (no _no_split_modules)")
+    return layers
+
+
+def shard_decoder_layers(model: torch.nn.Module, mesh) -> None:
+    """FSDP2: `fully_shard` each decoder layer, then the root (policy and reference alike)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) tensors of every parameter and buffer; DTensors are gathered (all ranks must call)."""
+    return dict(named_full_tensors(model))
+
+
+def named_full_tensors(model: torch.nn.Module):
+    """Iterate (name, full tensor) one at a time, for streaming weight sync into a rollout engine."""
+    for name, tensor in model.state_dict().items():
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        yield name, tensor.detach()

@@ -1,0 +1,344 @@
+"""ASPOModule: policy + frozen reference + policy loss, trained with manual optimisation.
+
+One `training_step` consumes one rollout batch (ARCHITECTURE.md "One training step, as data"):
+old and reference log-probs without grad, then `ppo_epochs` x shuffled mini-batches (counted in
+prompts, as the paper's 64/16) x micro-batches with gradient accumulation. The policy loss is any
+registered `PolicyLoss` (SPEC.md "Policy losses"); the KL term is eq. 1's `-beta * D_KL`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from torch import Tensor
+
+from aspo_lit.forward import response_logprobs
+from aspo_lit.losses import PolicyLoss, aggregate, agg_normalizer, effective_token_weight, get_policy_loss, kl_penalty
+from aspo_lit.models import load_policy, load_tokenizer, shard_decoder_layers
+from aspo_lit.rollout.batch import RolloutBatch
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Raised after `max_nonfinite_steps` consecutive optimizer steps with a non-finite loss or grad norm."""
+
+
+def _derived_seed(*parts: int) -> int:
+    """A deterministic seed from integers (for the mini-batch shuffle of a given step)."""
+    seed = 0
+    for part in parts:
+        seed = (seed * 1_000_003 + int(part)) % (2**31 - 1)
+    return seed
+
+
+def _group_minibatches(num_groups: int, groups_per_minibatch: int, generator: torch.Generator) -> list[Tensor]:
+    """Shuffled prompt-group indices split into mini-batches of `groups_per_minibatch` groups."""
+    order = torch.randperm(num_groups, generator=generator)
+    return [order[i : i + groups_per_minibatch] for i in range(0, num_groups, groups_per_minibatch)]
+
+
+def _rows_of_groups(groups: Tensor, group_size: int) -> Tensor:
+    """Response-row indices of the given prompt groups (rows are group-contiguous)."""
+    return (groups[:, None] * group_size + torch.arange(group_size)[None, :]).reshape(-1)
+
+
+class ASPOModule(LightningModule):
+    """The RL learner of GRPO-style on-policy RL (paper eq. 1) with a swappable policy loss.
+
+    Args:
+        model_name_or_path: HF hub id, local folder, or ``"testbed"`` (the CPU testbed model,
+            built and cached on first use).
+        loss: a registered loss name (``aspo``, ``grpo``, ``grpo_no_is``, ``grpo_pos_mean``,
+            ``aspo_no_dual_clip``, ``cispo``, ``gspo``) or a `PolicyLoss` instance (``class_path``).
+        loss_kwargs: hyper-parameters for a loss given by name (``eps_low``, ``eps_high``,
+            ``dual_clip``, ``loss_agg``, ``eps_high_entropy``, ...).
+        kl_coef: beta of the KL-to-reference term (0 disables it and the reference model).
+        kl_kind: ``k1``, ``k2`` or ``k3`` (``low_var_kl``, the paper's).
+        lr, betas, weight_decay, warmup_steps: AdamW with linear warm-up, then constant.
+        max_grad_norm: gradient-norm clip per optimizer step.
+        ppo_epochs: passes over each rollout batch (the authors' code uses 3; the paper implies 1).
+        mini_batch_size: prompts per optimizer step (paper: 16 of a 64-prompt batch).
+        micro_batch_size: responses per forward/backward (memory only; the gradient does not change).
+        temperature: the rollout sampling temperature; log-probs are of the tempered distribution.
+        logprob_chunk_size: sequence positions per chunk of the log-softmax / entropy maths.
+        gradient_checkpointing: recompute activations in the backward pass.
+        torch_dtype: dtype of the loaded weights (``float32`` on CPU, ``bfloat16`` for FSDP on GPU).
+        max_nonfinite_steps: consecutive skipped (non-finite) optimizer steps before stopping.
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str = "testbed",
+        loss: str | PolicyLoss = "aspo",
+        loss_kwargs: dict[str, Any] | None = None,
+        kl_coef: float = 0.001,
+        kl_kind: str = "k3",
+        lr: float = 1e-6,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.1,
+        warmup_steps: int = 10,
+        max_grad_norm: float = 1.0,
+        ppo_epochs: int = 1,
+        mini_batch_size: int = 16,
+        micro_batch_size: int = 8,
+        temperature: float = 1.0,
+        logprob_chunk_size: int = 1024,
+        gradient_checkpointing: bool = False,
+        torch_dtype: str = "float32",
+        max_nonfinite_steps: int = 3,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        _validate_hparams(locals())
+        self.save_hyperparameters(ignore=["loss"])
+        self.hparams["loss_name"] = loss if isinstance(loss, str) else type(loss).__name__
+        self.loss_fn = get_policy_loss(loss, **(loss_kwargs or {})) if isinstance(loss, str) else loss
+        self.automatic_optimization = False
+        self.policy: torch.nn.Module | None = None
+        self.ref_policy: torch.nn.Module | None = None
+        self.tokenizer = load_tokenizer(model_name_or_path)
+        self._nonfinite_in_a_row = 0
+        self.skipped_steps_total = 0
+
+    # --- model construction -------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        """Load policy and frozen reference; shard each decoder layer under ModelParallelStrategy (FSDP2)."""
+        if self.policy is not None:
+            return
+        self.policy = load_policy(self.hparams.model_name_or_path, self.hparams.torch_dtype)
+        if self.hparams.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.hparams.kl_coef > 0:
+            self.ref_policy = load_policy(self.hparams.model_name_or_path, self.hparams.torch_dtype)
+            self.ref_policy.eval().requires_grad_(False)
+        mesh = getattr(self, "device_mesh", None)
+        if mesh is not None:
+            shard_decoder_layers(self.policy, mesh["data_parallel"])
+            if self.ref_policy is not None:
+                shard_decoder_layers(self.ref_policy, mesh["data_parallel"])
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=self.hparams.lr,
+            betas=tuple(self.hparams.betas),
+            weight_decay=self.hparams.weight_decay,
+        )
+        warmup = max(int(self.hparams.warmup_steps), 0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # --- the step ---------------------------------------------------------------------------
+
+    def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, with_entropy: bool):
+        return response_logprobs(
+            model,
+            batch.input_ids[rows],
+            batch.attention_mask[rows],
+            batch.prompt_length,
+            temperature=self.hparams.temperature,
+            chunk_size=self.hparams.logprob_chunk_size,
+            with_entropy=with_entropy,
+        )
+
+    @torch.no_grad()
+    def _pre_update_pass(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Old log-probs (recomputed by the training policy, SPEC.md), their entropy, reference log-probs."""
+        old, entropy, ref = [], [], []
+        was_training = self.policy.training
+        self.policy.eval()
+        for rows in self._micro_batches(torch.arange(batch.input_ids.shape[0])):
+            lp, ent = self._logprobs(self.policy, batch, rows, with_entropy=True)
+            old.append(lp)
+            entropy.append(ent)
+            if self.ref_policy is not None:
+                ref.append(self._logprobs(self.ref_policy, batch, rows, with_entropy=False)[0])
+        self.policy.train(was_training)
+        return torch.cat(old), torch.cat(entropy), (torch.cat(ref) if ref else None)
+
+    def _micro_batches(self, rows: Tensor) -> list[Tensor]:
+        size = self.hparams.micro_batch_size
+        return [rows[i : i + size] for i in range(0, rows.numel(), size)]
+
+    def _global_normalizer(self, mask: Tensor) -> Tensor:
+        """The mini-batch's aggregation denominator, summed over ranks then divided by world size.
+
+        DDP/FSDP average gradients over ranks, so dividing the global count by the world size
+        makes the averaged gradient equal to the single-process gradient of the whole mini-batch.
+        """
+        local = agg_normalizer(mask, self.loss_fn.loss_agg, norm_length=getattr(self.loss_fn, "norm_length", None))
+        local = torch.as_tensor(local, dtype=torch.float32, device=mask.device)
+        world = self.trainer.world_size if self._trainer is not None else 1
+        if world > 1:
+            local = self.trainer.strategy.reduce(local, reduce_op="sum") / world
+        return local
+
+    def training_step(self, batch: RolloutBatch, batch_idx: int) -> dict[str, Any]:
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        device = batch.input_ids.device
+        mask = batch.response_mask.float()
+        advantages = batch.advantages.float()
+
+        t0 = time.perf_counter()
+        old_logprobs, entropy, ref_logprobs = self._pre_update_pass(batch)
+        t_old = time.perf_counter() - t0
+
+        last_logprobs = old_logprobs.clone()
+        token_weight = torch.zeros_like(old_logprobs)
+        stat_sums: dict[str, float] = {}
+        stat_weights: dict[str, float] = {}
+        grad_norms, kls = [], []
+        skipped = 0
+
+        t0 = time.perf_counter()
+        num_groups = batch.input_ids.shape[0] // batch.group_size
+        generator = torch.Generator().manual_seed(_derived_seed(self.hparams.seed, self.global_step, batch_idx))
+        groups_per_minibatch = max(1, self.hparams.mini_batch_size // self.trainer.world_size)
+        for _ in range(self.hparams.ppo_epochs):
+            for groups in _group_minibatches(num_groups, groups_per_minibatch, generator):
+                rows = _rows_of_groups(groups, batch.group_size).to(device)
+                normalizer = self._global_normalizer(mask[rows])
+                for micro in self._micro_batches(rows):
+                    logprobs, _ = self._logprobs(self.policy, batch, micro, with_entropy=False)
+                    pg_loss, stats = self.loss_fn(
+                        logprobs, old_logprobs[micro], advantages[micro], mask[micro],
+                        entropy=entropy[micro], normalizer=normalizer,
+                    )
+                    loss = pg_loss
+                    if ref_logprobs is not None:
+                        kl = kl_penalty(logprobs, ref_logprobs[micro], kind=self.hparams.kl_kind)
+                        kl_term = aggregate(kl, mask[micro], self.loss_fn.loss_agg, normalizer=normalizer,
+                                            norm_length=getattr(self.loss_fn, "norm_length", None))
+                        loss = loss + self.hparams.kl_coef * kl_term
+                        kls.append((float((kl.detach() * mask[micro]).sum()), float(mask[micro].sum())))
+                    self.manual_backward(loss)
+                    _accumulate_stats(stats, stat_sums, stat_weights)
+                    last_logprobs[micro] = logprobs.detach()
+                    token_weight[micro] = effective_token_weight(
+                        self.loss_fn, logprobs.detach(), old_logprobs[micro], advantages[micro], mask[micro]
+                    )
+                grad_norm = self._clip_and_step(optimizer, scheduler, loss)
+                grad_norms.append(grad_norm)
+                skipped += int(not math.isfinite(grad_norm))
+        t_update = time.perf_counter() - t0
+
+        loss_stats = {k: stat_sums[k] / max(stat_weights[k], 1e-12) for k in stat_sums}
+        kl_mean = sum(s for s, _ in kls) / max(sum(n for _, n in kls), 1.0) if kls else 0.0
+        finite_norms = [g for g in grad_norms if math.isfinite(g)]
+        timings = dict(batch.timings, **{"timing/old_logprob_s": t_old, "timing/update_s": t_update})
+        return {
+            "entropy": entropy.detach(),
+            "old_logprobs": old_logprobs.detach(),
+            "logprobs": last_logprobs,
+            "token_weight": token_weight,
+            "response_mask": mask,
+            "advantages": advantages,
+            "rewards": batch.rewards.float(),
+            "response_lengths": batch.response_lengths,
+            "truncated": torch.tensor([r == "length" for r in batch.finish_reasons], dtype=torch.bool),
+            "texts": batch.texts,
+            "loss_stats": loss_stats,
+            "kl": kl_mean,
+            "grad_norm": sum(finite_norms) / len(finite_norms) if finite_norms else float("nan"),
+            "skipped_steps": skipped,
+            "batch_stats": dict(batch.stats),
+            "timings": timings,
+            "num_tokens": int(mask.sum().item()),
+        }
+
+    def _clip_and_step(self, optimizer, scheduler, loss: Tensor) -> float:
+        """Clip, then step only when loss and grad norm are finite (skip, count, stop after N in a row)."""
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.hparams.max_grad_norm) if params else torch.tensor(0.0)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        finite = math.isfinite(grad_norm) and bool(torch.isfinite(loss.detach()).all())
+        if finite:
+            optimizer.step()
+            scheduler.step()
+            self._nonfinite_in_a_row = 0
+        else:
+            self._nonfinite_in_a_row += 1
+            self.skipped_steps_total += 1
+            grad_norm = float("nan")
+            if self._nonfinite_in_a_row >= self.hparams.max_nonfinite_steps:
+                raise NonFiniteTrainingError(
+                    f"{self._nonfinite_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
+                    f"norm (step {self.global_step}); lower model.lr, check the rewards, or use torch_dtype float32"
+                )
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    # --- evaluation during training ----------------------------------------------------------
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        """`batch` is graded validation rollouts from the DataModule: correctness [P, K]."""
+        from aspo_lit.metrics import pass_at_k
+
+        correct = batch["correct"].float()
+        k = correct.shape[1]
+        size = correct.shape[0]
+        self.log(f"val/avg@{k}", correct.mean(), batch_size=size, sync_dist=True, prog_bar=True)
+        passk = torch.tensor([pass_at_k(k, int(c), k) for c in correct.sum(1).tolist()]).mean()
+        self.log(f"val/pass@{k}", passk, batch_size=size, sync_dist=True)
+
+    # --- checkpoints and export --------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["aspo_lit"] = {"skipped_steps_total": self.skipped_steps_total,
+                                  "nonfinite_in_a_row": self._nonfinite_in_a_row}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("aspo_lit", {})
+        self.skipped_steps_total = state.get("skipped_steps_total", 0)
+        self._nonfinite_in_a_row = state.get("nonfinite_in_a_row", 0)
+
+    def export_hf(self, out_dir: str) -> str:
+        """Save the policy in HF format (`save_pretrained`) with its tokenizer, for vLLM evaluation."""
+        from aspo_lit.models import full_state_dict
+
+        state = full_state_dict(self.policy)
+        if self.trainer is None or self.trainer.is_global_zero:
+            self.policy.save_pretrained(out_dir, state_dict=state)
+            self.tokenizer.save_pretrained(out_dir)
+        return out_dir
+
+
+def _accumulate_stats(stats: dict[str, Tensor], sums: dict[str, float], weights: dict[str, float]) -> None:
+    """Token-weighted running means of loss stats over micro-batches (pos_/neg_ stats by their sign's count)."""
+    pos = float(stats.get("count/pos_tokens", 0.0))
+    neg = float(stats.get("count/neg_tokens", 0.0))
+    for key, value in stats.items():
+        if key.startswith("count/"):
+            sums[key] = sums.get(key, 0.0) + float(value)
+            weights[key] = 1.0
+            continue
+        weight = pos if ("pos" in key) else neg if ("neg" in key) else pos + neg
+        sums[key] = sums.get(key, 0.0) + float(value) * weight
+        weights[key] = weights.get(key, 0.0) + weight
+
+
+def _validate_hparams(args: dict[str, Any]) -> None:
+    """Fail before any model loads, naming the key (ISSUE 5 'Invalid config')."""
+    positive_ints = ("ppo_epochs", "mini_batch_size", "micro_batch_size", "logprob_chunk_size")
+    for key in positive_ints:
+        if not isinstance(args[key], int) or args[key] < 1:
+            raise ValueError(f"model.{key} must be a positive integer, got {args[key]!r}")
+    for key in ("lr", "max_grad_norm", "temperature"):
+        if not args[key] > 0:
+            raise ValueError(f"model.{key} must be > 0, got {args[key]!r}")
+    for key in ("kl_coef", "weight_decay", "warmup_steps"):
+        if args[key] < 0:
+            raise ValueError(f"model.{key} must be >= 0, got {args[key]!r}")
+    if args["kl_kind"] not in ("k1", "k2", "k3", "low_var_kl", "kl", "mse"):
+        raise ValueError(f"model.kl_kind must be one of k1, k2, k3 (low_var_kl), got {args['kl_kind']!r}")
+    if args["torch_dtype"] not in ("float32", "bfloat16", "float16", "auto"):
+        raise ValueError(f"model.torch_dtype must be float32, bfloat16, float16 or auto, got {args['torch_dtype']!r}")

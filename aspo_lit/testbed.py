@@ -1,0 +1,539 @@
+"""The CPU testbed: a tiny llama policy, warm-started on arithmetic, as an RL starting point.
+
+No model or data set can be downloaded where the package is tested, and the paper's claims are
+about training *dynamics* (entropy, clipping, repetition; paper §3–§5), so the package builds its
+own policy on first use:
+
+1. a small byte-level BPE tokenizer (digits always single tokens; ``tokenizers`` library) with
+   special tokens ``<s> </s> <pad> <unk>`` and chat markers ``<|system|> <|user|> <|assistant|>``,
+   wrapped as a ``PreTrainedTokenizerFast`` with a jinja chat template;
+2. a tiny ``LlamaForCausalLM`` (fp32, *untied* input/output embeddings so that vLLM weight
+   reloads never leave a stale packed ``lm_head``; head_dim 32, which vLLM's CPU attention
+   supports);
+3. supervised warm start on prompt → worked solution (loss on response tokens only), stopped as
+   soon as its *sampled* accuracy (temperature 1.0) on held-out problems reaches
+   ``stop_accuracy`` — so GRPO/ASPO groups contain both correct and wrong answers (eq. 1 needs
+   reward variance within a group).
+
+The result is saved with ``save_pretrained`` into ``<cache_dir>/testbed-<confighash>/`` with a
+``testbed.json`` summary, built in a temporary folder and renamed into place, and reused until the
+config (or :data:`BUILDER_VERSION`) changes. ``python -m aspo_lit.testbed [--force]`` builds it.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+__all__ = [
+    "INSTRUCTION",
+    "CHAT_TEMPLATE",
+    "BUILDER_VERSION",
+    "TestbedConfig",
+    "config_hash",
+    "default_cache_dir",
+    "testbed_dir",
+    "build_testbed",
+    "build_prompt",
+    "extract_boxed",
+    "is_correct",
+    "held_out_accuracy",
+    "main",
+]
+
+#: Appended to every problem, as in the paper's prompt (Appendix, "Prompt template").
+INSTRUCTION = " Let's think step by step and output the final answer within \\boxed{}."
+
+#: Bump when the build procedure changes in a way that changes the artefact.
+BUILDER_VERSION = 1
+
+BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
+SYSTEM, USER, ASSISTANT = "<|system|>", "<|user|>", "<|assistant|>"
+SPECIAL_TOKENS = [PAD, BOS, EOS, UNK, SYSTEM, USER, ASSISTANT]
+
+#: ``<s><|user|>{problem}{instruction}</s><|assistant|>{solution}</s>``; every turn ends with EOS,
+#: so generation stops at the tokenizer's ``eos_token_id``.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + eos_token }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+# GPT-2-style split, except that every digit is its own piece (numbers are read digit by digit).
+_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+@dataclass
+class TestbedConfig:
+    """Everything that determines the testbed artefact (its hash names the cache folder)."""
+
+    seed: int = 0
+    # data (data_modules.arithmetic)
+    levels: tuple[int, ...] = (1, 2, 3)
+    num_train_problems: int = 20000
+    word_prob: float = 0.5
+    # tokenizer: byte-level BPE; vocab_size <= 263 (256 bytes + 7 specials) means no merges,
+    # i.e. a pure byte/character-level tokenizer
+    vocab_size: int = 512
+    tokenizer_train_problems: int = 4000
+    # model (LlamaConfig)
+    model_type: str = "llama"
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    max_position_embeddings: int = 256
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    # supervised warm start
+    sft_max_steps: int = 600
+    sft_batch_size: int = 64
+    sft_lr: float = 3e-3
+    sft_warmup_steps: int = 30
+    sft_weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    # early stop: sampled accuracy (temperature 1.0) on a held-out "dev" slice
+    eval_every: int = 25
+    eval_min_step: int = 50
+    dev_problems: int = 128
+    stop_accuracy: float = 0.45
+    # final report
+    heldout_problems: int = 256
+    max_response_tokens: int = 64
+    temperature: float = 1.0
+
+    def __post_init__(self):
+        self.levels = tuple(int(x) for x in self.levels)
+        head_dim = self.hidden_size // self.num_attention_heads
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be divisible by num_attention_heads")
+        if head_dim not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512):
+            raise ValueError(f"head_dim {head_dim} is not supported by vLLM's CPU attention")
+        if self.model_type not in ("llama", "qwen3"):
+            raise ValueError("model_type must be 'llama' or 'qwen3' (qwen2's tokenizer class "
+                             "re-splits digits in transformers 5)")
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["levels"] = list(self.levels)
+        return d
+
+
+def config_hash(config: TestbedConfig) -> str:
+    payload = json.dumps({"builder": BUILDER_VERSION, **config.to_dict()}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def default_cache_dir() -> Path:
+    """``$ASPO_LIT_CACHE``, else ``<repo>/.cache/aspo_lit`` (or ``~/.cache/aspo_lit`` when the
+    package is installed outside a checkout)."""
+    env = os.environ.get("ASPO_LIT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / "pyproject.toml").is_file():
+        return repo / ".cache" / "aspo_lit"
+    return Path.home() / ".cache" / "aspo_lit"
+
+
+def testbed_dir(config: TestbedConfig | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
+    config = config or TestbedConfig()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / f"testbed-{config_hash(config)}"
+
+
+# ----------------------------------------------------------------------------- prompts, grading
+
+def build_prompt(problem: str) -> list[dict]:
+    """Chat messages for one problem (the paper's instruction appended)."""
+    return [{"role": "user", "content": problem + INSTRUCTION}]
+
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (no nested braces), or None."""
+    found = _BOXED.findall(text)
+    return found[-1].strip() if found else None
+
+
+def is_correct(text: str, answer: str) -> bool:
+    """Exact integer match of the last ``\\boxed{}`` against the gold answer."""
+    got = extract_boxed(text)
+    if got is None or not re.fullmatch(r"[+-]?\d+", got):
+        return False
+    return int(got) == int(answer)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+def _train_tokenizer(config: TestbedConfig, corpus: Sequence[str]):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=max(config.vocab_size, 256 + len(SPECIAL_TOKENS)),
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
+        additional_special_tokens=[SYSTEM, USER, ASSISTANT],
+        clean_up_tokenization_spaces=False, model_max_length=config.max_position_embeddings,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _encode_prompts(tokenizer, problems: Sequence[str]) -> list[list[int]]:
+    texts = [tokenizer.apply_chat_template(build_prompt(p), add_generation_prompt=True,
+                                           tokenize=False) for p in problems]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+# ----------------------------------------------------------------------------- model
+
+def _model_config(config: TestbedConfig, tokenizer):
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.hidden_size // config.num_attention_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=config.tie_word_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        rms_norm_eps=1e-5,
+        initializer_range=0.02,
+        use_cache=True,
+    )
+    if config.model_type == "llama":
+        from transformers import LlamaConfig
+        cfg = LlamaConfig(rope_theta=config.rope_theta, **common)
+    else:
+        from transformers import Qwen3Config
+        cfg = Qwen3Config(rope_theta=config.rope_theta, **common)
+    with contextlib.suppress(Exception):  # attribute name differs across transformers versions
+        cfg.rope_parameters = {"rope_type": "default", "rope_theta": config.rope_theta}
+    cfg.dtype = "float32"
+    return cfg
+
+
+def _generation_config(tokenizer, config: TestbedConfig):
+    from transformers import GenerationConfig
+    # Plain ancestral sampling by default (transformers' default top_k=50 would truncate it).
+    return GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=config.temperature,
+        top_k=0, top_p=1.0, max_new_tokens=config.max_response_tokens,
+    )
+
+
+@contextlib.contextmanager
+def _deterministic(seed: int):
+    """Seeded, deterministic-algorithm CPU RNG scope that restores the caller's state."""
+    import torch
+    prev = torch.are_deterministic_algorithms_enabled()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(prev)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def _sample_accuracy(model, tokenizer, problems: Sequence[dict], *, temperature: float,
+                     max_new_tokens: int, seed: int, batch_size: int = 128) -> dict:
+    """Sampled (one sample per problem) exact-match accuracy, overall and per level."""
+    import torch
+    was_training = model.training
+    model.eval()
+    prompts = _encode_prompts(tokenizer, [p["problem"] for p in problems])
+    texts: list[str] = []
+    lengths: list[int] = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start:start + batch_size]
+            width = max(map(len, chunk))
+            ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, p in enumerate(chunk):  # left padding
+                ids[i, width - len(p):] = torch.tensor(p)
+                mask[i, width - len(p):] = 1
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
+                top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            )
+            for row in out[:, width:].tolist():
+                n = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+                lengths.append(n)
+                texts.append(tokenizer.decode(row[:n], skip_special_tokens=True))
+    model.train(was_training)
+    correct = [is_correct(t, p["answer"]) for t, p in zip(texts, problems)]
+    by_level: dict[str, list[bool]] = {}
+    for ok, p in zip(correct, problems):
+        by_level.setdefault(str(p["level"]), []).append(ok)
+    return {
+        "accuracy": sum(correct) / max(len(correct), 1),
+        "n": len(correct),
+        "by_level": {k: sum(v) / len(v) for k, v in sorted(by_level.items())},
+        "mean_response_tokens": sum(lengths) / max(len(lengths), 1),
+        "max_response_tokens": max(lengths, default=0),
+        "boxed_rate": sum(extract_boxed(t) is not None for t in texts) / max(len(texts), 1),
+        "samples": [{"problem": p["problem"], "answer": p["answer"], "response": t}
+                    for p, t in list(zip(problems, texts))[:4]],
+    }
+
+
+def held_out_accuracy(model_dir: str | os.PathLike, n: int = 256, seed: int = 0,
+                      temperature: float = 1.0, levels: Sequence[int] | None = None,
+                      max_new_tokens: int | None = None) -> float:
+    """Sampled accuracy of a saved testbed on ``n`` held-out arithmetic problems.
+
+    One sample per problem with plain ``transformers.generate`` (no top-k/top-p), graded by exact
+    integer match of the last ``\\boxed{}``. ``levels``/``max_new_tokens`` default to the
+    testbed's own (from ``testbed.json``) when present.
+    """
+    return _held_out_report(model_dir, n, seed, temperature, levels, max_new_tokens)["accuracy"]
+
+
+def _held_out_report(model_dir, n, seed, temperature, levels=None, max_new_tokens=None) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from data_modules.arithmetic import generate_problems
+
+    model_dir = Path(model_dir)
+    meta = {}
+    if (model_dir / "testbed.json").is_file():
+        meta = json.loads((model_dir / "testbed.json").read_text())["config"]
+    levels = tuple(levels or meta.get("levels", (1, 2, 3)))
+    max_new_tokens = max_new_tokens or meta.get("max_response_tokens", 64)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    problems = generate_problems(n, seed, levels=levels, split="heldout",
+                                 word_prob=meta.get("word_prob", 0.5))
+    return _sample_accuracy(model, tokenizer, problems, temperature=temperature,
+                            max_new_tokens=max_new_tokens, seed=seed)
+
+
+# ----------------------------------------------------------------------------- build
+
+def _sft(model, tokenizer, config: TestbedConfig, train_rows, dev_rows, log) -> dict:
+    """Supervised warm start with early stop on sampled dev accuracy. Returns a history dict."""
+    import torch
+
+    prompts = _encode_prompts(tokenizer, [r["problem"] for r in train_rows])
+    responses = tokenizer([r["solution"] for r in train_rows], add_special_tokens=False)["input_ids"]
+    examples = [(p, r + [tokenizer.eos_token_id]) for p, r in zip(prompts, responses)]
+    too_long = max(len(p) + len(r) for p, r in examples)
+    if too_long > config.max_position_embeddings:
+        raise ValueError(f"example of {too_long} tokens exceeds max_position_embeddings")
+
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.sft_weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.sft_lr, betas=(0.9, 0.95),
+    )
+
+    def lr_at(step: int) -> float:  # linear warm-up, cosine to 10%
+        if step < config.sft_warmup_steps:
+            return config.sft_lr * (step + 1) / config.sft_warmup_steps
+        frac = (step - config.sft_warmup_steps) / max(1, config.sft_max_steps - config.sft_warmup_steps)
+        return config.sft_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+    gen = torch.Generator().manual_seed(config.seed)
+    order = torch.randperm(len(examples), generator=gen).tolist()
+    cursor = 0
+    history: dict = {"evals": [], "losses": []}
+    model.train()
+    t0 = time.perf_counter()
+    step = 0
+    for step in range(1, config.sft_max_steps + 1):
+        if cursor + config.sft_batch_size > len(order):
+            order = torch.randperm(len(examples), generator=gen).tolist()
+            cursor = 0
+        batch = [examples[i] for i in order[cursor:cursor + config.sft_batch_size]]
+        cursor += config.sft_batch_size
+        width = max(len(p) + len(r) for p, r in batch)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full_like(ids, -100)
+        mask = torch.zeros_like(ids)
+        for i, (p, r) in enumerate(batch):  # right padding; loss on response tokens (+EOS) only
+            seq = p + r
+            ids[i, :len(seq)] = torch.tensor(seq)
+            labels[i, len(p):len(seq)] = torch.tensor(r)
+            mask[i, :len(seq)] = 1
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step - 1)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        opt.step()
+        history["losses"].append(round(loss.item(), 4))
+
+        if step >= config.eval_min_step and (step % config.eval_every == 0 or step == config.sft_max_steps):
+            ev = _sample_accuracy(model, tokenizer, dev_rows, temperature=config.temperature,
+                                  max_new_tokens=config.max_response_tokens, seed=config.seed + step)
+            history["evals"].append({"step": step, "accuracy": ev["accuracy"], "by_level": ev["by_level"],
+                                     "loss": round(loss.item(), 4), "elapsed_s": round(time.perf_counter() - t0, 1)})
+            log(f"[testbed] step {step:4d}  loss {loss.item():.3f}  dev acc@T={config.temperature} "
+                f"{ev['accuracy']:.3f}  {ev['by_level']}  {time.perf_counter() - t0:.0f}s")
+            if ev["accuracy"] >= config.stop_accuracy:
+                break
+    history["steps"] = step
+    history["sft_seconds"] = round(time.perf_counter() - t0, 1)
+    return history
+
+
+def _build_into(out: Path, config: TestbedConfig, log) -> dict:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from data_modules.arithmetic import generate_problems
+
+    t0 = time.perf_counter()
+    train_rows = generate_problems(config.num_train_problems, config.seed, config.levels,
+                                   split="train", word_prob=config.word_prob)
+    heldout = generate_problems(config.heldout_problems + config.dev_problems, config.seed,
+                                config.levels, split="heldout", word_prob=config.word_prob)
+    final_rows, dev_rows = heldout[:config.heldout_problems], heldout[config.heldout_problems:]
+
+    corpus_rows = train_rows[:config.tokenizer_train_problems]
+    corpus = [r["problem"] + INSTRUCTION for r in corpus_rows] + [r["solution"] for r in corpus_rows]
+    tokenizer = _train_tokenizer(config, corpus)
+
+    with _deterministic(config.seed):
+        model = AutoModelForCausalLM.from_config(_model_config(config, tokenizer), dtype=torch.float32)
+        model.generation_config = _generation_config(tokenizer, config)
+        n_params = sum(p.numel() for p in model.parameters())
+        log(f"[testbed] {config.model_type} {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, "
+            f"{len(train_rows)} train problems; SFT up to {config.sft_max_steps} steps")
+        history = _sft(model, tokenizer, config, train_rows, dev_rows, log)
+        final = _sample_accuracy(model, tokenizer, final_rows, temperature=config.temperature,
+                                 max_new_tokens=config.max_response_tokens, seed=config.seed)
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    build_seconds = time.perf_counter() - t0
+    summary = {
+        "name": "aspo-lit arithmetic testbed",
+        "config": config.to_dict(),
+        "config_hash": config_hash(config),
+        "builder_version": BUILDER_VERSION,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "build_seconds": round(build_seconds, 1),
+        "torch_threads": torch.get_num_threads(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "num_parameters": n_params,
+        "vocab_size": len(tokenizer),
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "instruction": INSTRUCTION,
+        "sft_steps": history["steps"],
+        "sft_seconds": history["sft_seconds"],
+        "sft_final_loss": history["losses"][-1] if history["losses"] else None,
+        "sft_evals": history["evals"],
+        "heldout": {k: final[k] for k in ("accuracy", "n", "by_level", "mean_response_tokens",
+                                          "max_response_tokens", "boxed_rate")},
+        "heldout_temperature": config.temperature,
+        "heldout_samples": final["samples"],
+    }
+    (out / "testbed.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log(f"[testbed] held-out acc@T={config.temperature} {final['accuracy']:.3f} "
+        f"(n={final['n']}, {final['by_level']}), built in {build_seconds:.0f}s")
+    return summary
+
+
+def build_testbed(config: TestbedConfig | None = None, cache_dir: str | os.PathLike | None = None,
+                  force: bool = False, verbose: bool = True) -> Path:
+    """Return the folder of the testbed for ``config``, building it only if it is missing.
+
+    The folder loads with ``AutoModelForCausalLM/AutoTokenizer.from_pretrained`` and
+    ``vllm.LLM(model=...)``; ``testbed.json`` in it holds the config, its hash, build time,
+    parameter count and held-out accuracy. ``force`` rebuilds and replaces it.
+    """
+    config = config or TestbedConfig()
+    final = testbed_dir(config, cache_dir)
+    if (final / "testbed.json").is_file() and not force:
+        return final
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        _build_into(tmp, config, log)
+        if final.exists():
+            if (final / "testbed.json").is_file() and not force:
+                return final  # a concurrent build finished first; keep its result
+            trash = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "testbed.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m aspo_lit.testbed",
+        description="Build (if missing) the tiny arithmetic testbed policy and print where it is.",
+    )
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    parser.add_argument("--cache-dir", default=None,
+                        help="cache root (default: $ASPO_LIT_CACHE or <repo>/.cache/aspo_lit)")
+    parser.add_argument("--seed", type=int, default=None, help="override TestbedConfig.seed")
+    args = parser.parse_args(argv)
+    config = TestbedConfig() if args.seed is None else TestbedConfig(seed=args.seed)
+    path = build_testbed(config, cache_dir=args.cache_dir, force=args.force)
+    meta = json.loads((path / "testbed.json").read_text())
+    print(path)
+    print(json.dumps({k: meta[k] for k in ("config_hash", "built_at", "build_seconds",
+                                           "num_parameters", "sft_steps", "heldout")}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""MathRLDataModule: prompt batches in, graded group rollouts out.
+
+The dataloader yields plain prompt records (cheap; nothing generated in a worker). Rollouts are
+produced in `on_after_batch_transfer`, which Lightning calls for the batch about to be trained on,
+after the previous optimizer step: the engine always samples with the policy's current weights
+(generating inside the dataloader would be one step stale, since Lightning prefetches a batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule
+
+from aspo_lit.advantages import group_advantages
+from aspo_lit.prompts import encode_prompt
+from aspo_lit.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_engine, pack_rollouts
+from data_modules.prompts import PromptBatches, load_rows
+
+log = logging.getLogger(__name__)
+
+
+def _derived_seed(*parts: int) -> int:
+    seed = 0
+    for part in parts:
+        seed = (seed * 1_000_003 + int(part)) % (2**31 - 1)
+    return seed
+
+
+class MathRLDataModule(LightningDataModule):
+    """Math prompts → G sampled responses per prompt → rewards → group advantages (eq. 1).
+
+    Args:
+        train_files: local JSONL/JSON/parquet file or folder, or an HF hub dataset id.
+        val_files: the same for held-out evaluation during training (``validate`` / val loop).
+        problem_key, answer_key: field mapping of the rows.
+        batch_size: prompts per training step, over all ranks (paper: 64).
+        group_size: G, responses per prompt (paper: 16).
+        max_prompt_length: longer prompts are dropped, counted and logged (never truncated).
+        max_response_length: max new tokens per response.
+        temperature, top_p: rollout sampling (paper: 1.0, 1.0).
+        val_temperature, val_k, val_batch_size, val_max_problems: held-out evaluation sampling.
+        engine: ``auto``, ``hf``, ``vllm`` or a `RolloutEngine` (``class_path``).
+        reward: a reward callable with ``.batch(texts, golds)`` (default: math-verify grader).
+        adv_norm: ``std`` (GRPO) or ``none`` (Dr.GRPO).
+        filter_groups: drop groups whose rewards are all equal (the authors' code); no refill.
+        overlong_buffer: DAPO soft overlong penalty buffer length in tokens (0 = off).
+        overlong_penalty_factor: the penalty at the hard limit.
+        prompt_template: ``chat`` (the tokenizer's chat template) or ``plain``.
+        on_bad_row: ``error`` (stop, naming file and row) or ``skip`` (count and log).
+        seed: shuffling and sampling seed.
+    """
+
+    def __init__(
+        self,
+        train_files: str = "../shared/data/train/deepscaler_dsr_sub.jsonl",
+        val_files: str | None = None,
+        problem_key: str = "problem",
+        answer_key: str = "answer",
+        batch_size: int = 64,
+        group_size: int = 16,
+        max_prompt_length: int = 1024,
+        max_response_length: int = 8192,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop: list[str] | None = None,
+        val_temperature: float = 0.8,
+        val_k: int = 4,
+        val_batch_size: int = 64,
+        val_max_problems: int | None = None,
+        engine: str | RolloutEngine = "auto",
+        reward: Any = None,
+        adv_norm: str = "std",
+        filter_groups: bool = False,
+        overlong_buffer: int = 0,
+        overlong_penalty_factor: float = 1.0,
+        prompt_template: str = "chat",
+        on_bad_row: str = "error",
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        _validate(locals())
+        self.save_hyperparameters(ignore=["engine", "reward"])
+        self._engine_spec = engine
+        self._reward = reward
+        self.engine: RolloutEngine | None = None
+        self.train_batches: PromptBatches | None = None
+        self.stats: dict[str, float] = {}
+        self._synced_step = -1
+
+    # --- data -----------------------------------------------------------------------------
+
+    def _load_split(self, source: str) -> list[dict[str, Any]]:
+        return load_rows(source, self.hparams.problem_key, self.hparams.answer_key,
+                         on_bad_row=self.hparams.on_bad_row)[0]
+
+    def load_train_rows(self) -> list[dict[str, Any]]:
+        """Rows `{id, problem, answer}` for training; subclasses (the testbed) override."""
+        return self._load_split(self.hparams.train_files)
+
+    def load_val_rows(self) -> list[dict[str, Any]] | None:
+        return self._load_split(self.hparams.val_files) if self.hparams.val_files else None
+
+    def _encode(self, rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+        """Tokenize prompts; drop (and count) those over `max_prompt_length`."""
+        tokenizer = self.trainer.lightning_module.tokenizer
+        kept = []
+        for row in rows:
+            ids = encode_prompt(row["problem"], tokenizer, self.hparams.prompt_template)
+            if len(ids) <= self.hparams.max_prompt_length:
+                kept.append(dict(row, prompt_ids=ids))
+        dropped = len(rows) - len(kept)
+        self.stats[f"data/{split}_prompts"] = len(kept)
+        self.stats[f"data/{split}_dropped_long_prompts"] = dropped
+        if dropped:
+            log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d",
+                        split, dropped, len(rows), self.hparams.max_prompt_length)
+        if not kept:
+            raise ValueError(f"data.max_prompt_length={self.hparams.max_prompt_length} drops every {split} prompt")
+        return kept
+
+    def _rank_share(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """This rank's prompts of a global batch (batch_size counts prompts over all ranks)."""
+        world, rank = self.trainer.world_size, self.trainer.global_rank
+        return batch[rank::world]
+
+    def train_dataloader(self) -> PromptBatches:
+        if self.train_batches is None:
+            rows = self._encode(self.load_train_rows(), "train")
+            self.train_batches = PromptBatches(rows, self.hparams.batch_size, seed=self.hparams.seed)
+        return self.train_batches
+
+    def val_dataloader(self):
+        rows = self.load_val_rows()
+        if not rows:
+            return []
+        rows = self._encode(rows[: self.hparams.val_max_problems], "val")
+        return PromptBatches(rows, self.hparams.val_batch_size, shuffle=False, drop_last=False)
+
+    # --- engine and reward ---------------------------------------------------------------------
+
+    @property
+    def reward(self):
+        if self._reward is None:
+            from aspo_lit.rewards import MathVerifyReward
+
+            self._reward = MathVerifyReward()
+        return self._reward
+
+    def _ensure_engine(self) -> RolloutEngine:
+        module = self.trainer.lightning_module
+        if self.engine is None:
+            self.engine = build_engine(self._engine_spec) if isinstance(self._engine_spec, str) else self._engine_spec
+            self.engine.attach(module.policy, module.tokenizer, module.hparams.model_name_or_path)
+            self._synced_step = self.trainer.global_step
+        return self.engine
+
+    def _sync_weights(self, engine: RolloutEngine) -> float:
+        """Push the policy's weights once per optimizer-step change (full tensors gathered from shards)."""
+        if self._synced_step == self.trainer.global_step:
+            return 0.0
+        from aspo_lit.models import named_full_tensors
+
+        start = time.perf_counter()
+        engine.update_weights(named_full_tensors(self.trainer.lightning_module.policy))
+        self._synced_step = self.trainer.global_step
+        return time.perf_counter() - start
+
+    def teardown(self, stage: str) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    # --- rollouts -------------------------------------------------------------------------------
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self.trainer is None or not isinstance(batch, list):
+            return batch
+        if self.trainer.training:
+            counter = self.train_batches.mark_consumed()
+            return self.rollout(self._rank_share(batch), seed=_derived_seed(self.hparams.seed, counter))
+        return self.evaluate(batch)
+
+    def _generate(self, records, n: int, sampling: SamplingConfig):
+        engine = self._ensure_engine()
+        sync_s = self._sync_weights(engine)
+        start = time.perf_counter()
+        completions = engine.generate([r["prompt_ids"] for r in records], n=n, sampling=sampling)
+        return completions, sync_s, time.perf_counter() - start
+
+    def rollout(self, records: list[dict[str, Any]], seed: int) -> RolloutBatch:
+        """G samples per prompt with the current weights, graded, with group advantages."""
+        hp = self.hparams
+        sampling = SamplingConfig(temperature=hp.temperature, top_p=hp.top_p, max_tokens=hp.max_response_length,
+                                  stop=hp.stop, seed=seed)
+        completions, sync_s, rollout_s = self._generate(records, hp.group_size, sampling)
+        texts = [c.text for group in completions for c in group]
+        golds = [r["answer"] for r in records for _ in range(hp.group_size)]
+        start = time.perf_counter()
+        rewards = torch.tensor(self.reward.batch(texts, golds), dtype=torch.float32)
+        lengths = torch.tensor([len(c.token_ids) for group in completions for c in group])
+        rewards = rewards + self._overlong_penalty(lengths)
+        reward_s = time.perf_counter() - start
+        advantages, all_equal = group_advantages(rewards, hp.group_size, norm=hp.adv_norm)
+        solved = rewards.view(-1, hp.group_size).max(1).values > 0
+        stats = {
+            "batch/solve_all": float((all_equal & solved).float().mean()),
+            "batch/solve_none": float((all_equal & ~solved).float().mean()),
+            "batch/filtered_groups": 0.0,
+        }
+        keep = torch.ones(len(records), dtype=torch.bool)
+        if hp.filter_groups and not bool(all_equal.all()):
+            keep = ~all_equal
+            stats["batch/filtered_groups"] = float(all_equal.float().mean())
+        batch = self._pack(records, completions, rewards, advantages, keep)
+        batch.stats.update(stats)
+        batch.timings.update({"timing/rollout_s": rollout_s, "timing/reward_s": reward_s,
+                              "timing/weight_sync_s": sync_s})
+        return batch
+
+    def _overlong_penalty(self, lengths: torch.Tensor) -> torch.Tensor:
+        """DAPO's soft overlong punishment, linear over the last `overlong_buffer` tokens."""
+        hp = self.hparams
+        if hp.overlong_buffer <= 0:
+            return torch.zeros(lengths.shape, dtype=torch.float32)
+        from aspo_lit.rewards import overlong_penalty
+
+        return torch.tensor([overlong_penalty(int(n), hp.max_response_length, hp.overlong_buffer,
+                                              hp.overlong_penalty_factor) for n in lengths], dtype=torch.float32)
+
+    def _pack(self, records, completions, rewards, advantages, keep) -> RolloutBatch:
+        G = self.hparams.group_size
+        rows = torch.arange(len(records) * G).view(-1, G)[keep].reshape(-1)
+        kept_records = [r for r, k in zip(records, keep.tolist()) if k]
+        kept_completions = [c for c, k in zip(completions, keep.tolist()) if k]
+        tokenizer = self.trainer.lightning_module.tokenizer
+        packed = pack_rollouts([r["prompt_ids"] for r in kept_records], kept_completions, tokenizer.pad_token_id)
+        flat = [c for group in kept_completions for c in group]
+        return RolloutBatch(
+            input_ids=packed["input_ids"],
+            attention_mask=packed["attention_mask"],
+            response_mask=packed["response_mask"],
+            prompt_length=packed["prompt_length"],
+            rewards=rewards[rows],
+            advantages=advantages[rows],
+            group_size=G,
+            texts=[c.text for c in flat],
+            prompts=[r["problem"] for r in kept_records for _ in range(G)],
+            answers=[r["answer"] for r in kept_records for _ in range(G)],
+            finish_reasons=[c.finish_reason for c in flat],
+            response_lengths=packed["response_lengths"],
+            stats={},
+            timings={},
+        ).to(self.trainer.lightning_module.device)
+
+    def evaluate(self, records: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """K samples per held-out prompt at the evaluation temperature, graded: correctness [P, K]."""
+        hp = self.hparams
+        sampling = SamplingConfig(temperature=hp.val_temperature, top_p=1.0, max_tokens=hp.max_response_length,
+                                  stop=hp.stop, seed=hp.seed)
+        completions, _, _ = self._generate(records, hp.val_k, sampling)
+        texts = [c.text for group in completions for c in group]
+        golds = [r["answer"] for r in records for _ in range(hp.val_k)]
+        correct = torch.tensor(self.reward.batch(texts, golds)) > 0.5
+        return {"correct": correct.view(len(records), hp.val_k)}
+
+
+def _validate(args: dict[str, Any]) -> None:
+    """Invalid settings fail before any model loads, naming the key."""
+    for key in ("batch_size", "group_size", "max_prompt_length", "max_response_length", "val_k", "val_batch_size"):
+        if not isinstance(args[key], int) or args[key] < 1:
+            raise ValueError(f"data.{key} must be a positive integer, got {args[key]!r}")
+    if args["group_size"] < 2:
+        raise ValueError(f"data.group_size must be >= 2 for group-relative advantages, got {args['group_size']}")
+    if not 0 < args["top_p"] <= 1:
+        raise ValueError(f"data.top_p must be in (0, 1], got {args['top_p']!r}")
+    if args["temperature"] <= 0:
+        raise ValueError(f"data.temperature must be > 0, got {args['temperature']!r}")
+    if args["adv_norm"] not in ("std", "none"):
+        raise ValueError(f"data.adv_norm must be 'std' or 'none', got {args['adv_norm']!r}")
+    if args["prompt_template"] not in ("chat", "plain"):
+        raise ValueError(f"data.prompt_template must be 'chat' or 'plain', got {args['prompt_template']!r}")
+    if args["on_bad_row"] not in ("error", "skip"):
+        raise ValueError(f"data.on_bad_row must be 'error' or 'skip', got {args['on_bad_row']!r}")

@@ -1,0 +1,142 @@
+"""Prompt datasets: rows `{problem, answer}` from a local JSONL/JSON/parquet file, a folder, or an
+HF hub id, validated row by row; and a resumable, seeded iterable of prompt batches."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+log = logging.getLogger(__name__)
+
+BAD_ROW_POLICIES = ("error", "skip")
+
+
+class BadRowError(ValueError):
+    """A dataset row without a usable problem/answer; the message names the file and row."""
+
+
+@dataclass
+class RowReport:
+    """What loading kept and dropped, so nothing is dropped silently."""
+
+    source: str
+    kept: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
+def _check_row(row: Any, where: str, problem_key: str, answer_key: str) -> dict[str, str]:
+    if not isinstance(row, dict):
+        raise BadRowError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    problem, answer = row.get(problem_key), row.get(answer_key)
+    if not isinstance(problem, str) or not problem.strip():
+        raise BadRowError(f"{where}: field {problem_key!r} is missing or not a non-empty string")
+    if not isinstance(answer, str) or not answer.strip():
+        kind = "missing" if answer is None else f"a {type(answer).__name__}, not a non-empty string"
+        raise BadRowError(f"{where}: field {answer_key!r} is {kind}")
+    return {"id": str(row.get("id", where)), "problem": problem, "answer": answer}
+
+
+def _raw_rows(source: str, split: str) -> Iterator[tuple[str, Any]]:
+    """(location, raw row) pairs; JSONL is read line by line so errors name the line."""
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".jsonl":
+        with path.open(encoding="utf-8") as handle:
+            for lineno, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    yield where, json.loads(line)
+                except json.JSONDecodeError as err:
+                    yield where, BadRowError(f"{where}: not valid JSON ({err.msg})")
+        return
+    import datasets
+
+    if path.exists():
+        files = sorted(str(p) for p in path.glob("*")) if path.is_dir() else [str(path)]
+        kind = "parquet" if all(f.endswith(".parquet") for f in files) else "json"
+        dataset = datasets.load_dataset(kind, data_files=files, split="train")
+        label = str(path)
+    elif source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".json", ".parquet")):
+        raise FileNotFoundError(f"dataset file not found: {source}")
+    else:
+        dataset = datasets.load_dataset(source, split=split)
+        label = f"{source}[{split}]"
+    for index, row in enumerate(dataset):
+        yield f"{label} row {index}", row
+
+
+def load_rows(
+    source: str, problem_key: str = "problem", answer_key: str = "answer", split: str = "train",
+    on_bad_row: str = "error",
+) -> tuple[list[dict[str, str]], RowReport]:
+    """Validated rows of a prompt dataset; a bad row raises (naming file and row) or is skipped and counted."""
+    if on_bad_row not in BAD_ROW_POLICIES:
+        raise ValueError(f"on_bad_row must be one of {BAD_ROW_POLICIES}, got {on_bad_row!r}")
+    rows, report = [], RowReport(source)
+    for where, raw in _raw_rows(source, split):
+        try:
+            if isinstance(raw, Exception):
+                raise raw
+            rows.append(_check_row(raw, where, problem_key, answer_key))
+        except BadRowError as err:
+            if on_bad_row == "error":
+                raise
+            report.skipped.append(str(err))
+    report.kept = len(rows)
+    if report.skipped:
+        log.warning("%s: skipped %d bad rows, e.g. %s", source, len(report.skipped), report.skipped[0])
+    if not rows:
+        raise BadRowError(f"{source}: no usable rows (fields {problem_key!r}/{answer_key!r})")
+    return rows, report
+
+
+class PromptBatches:
+    """Shuffled prompt batches, reshuffled per epoch from `(seed, epoch)`, resumable mid-epoch.
+
+    Lightning saves `state_dict()` of a stateful loader in the checkpoint. `consumed` counts the
+    batches that reached a training step (`mark_consumed`), not the ones prefetched, so a resume
+    continues at the first batch that was not trained on.
+    """
+
+    def __init__(self, rows: list[dict[str, Any]], batch_size: int, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = True) -> None:
+        if len(rows) < batch_size and drop_last:
+            raise ValueError(f"data.batch_size={batch_size} is larger than the dataset ({len(rows)} prompts)")
+        self.rows, self.batch_size, self.seed, self.shuffle, self.drop_last = rows, batch_size, seed, shuffle, drop_last
+        self.epoch = 0
+        self.consumed = 0
+
+    def __len__(self) -> int:
+        full, rest = divmod(len(self.rows), self.batch_size)
+        return full + int(rest > 0 and not self.drop_last)
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.rows)))
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(len(self.rows), generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        if self.consumed >= len(self):
+            self.epoch, self.consumed = self.epoch + 1, 0
+        order = self._order()
+        for index in range(self.consumed, len(self)):
+            chunk = order[index * self.batch_size : (index + 1) * self.batch_size]
+            yield [self.rows[i] for i in chunk]
+
+    def mark_consumed(self) -> int:
+        """Record that one more batch was trained on; returns a unique, resumable batch counter."""
+        self.consumed += 1
+        return self.epoch * len(self) + self.consumed
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])

@@ -1,0 +1,97 @@
+"""Shared pytest fixtures: a tiny random-init llama testbed model and the shared data folder.
+
+`tiny_model_dir` / `tiny_tied_model_dir` are session-scoped directories holding a
+`LlamaForCausalLM` (hidden 64, 2 layers, 2 heads -> head_dim 32, which vLLM's CPU attention
+accepts; fp32) and a char-level `PreTrainedTokenizerFast`, both written with `save_pretrained`,
+so `AutoModelForCausalLM.from_pretrained(dir)`, `AutoTokenizer.from_pretrained(dir)` and
+`vllm.LLM(dir)` all load them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# 4 special tokens + 60 characters = 64 ids.
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+CHARS = list("0123456789abcdefghijklmnopqrstuvwxyz .,:;!?+-*/=()[]{}\\^_'\n$")
+
+
+def build_char_tokenizer():
+    """A char-level fast tokenizer (lower-cases its input; unknown chars map to <unk>)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
+    assert len(vocab) == len(SPECIAL_TOKENS) + len(CHARS), "duplicate characters"
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+
+
+def build_tiny_model_dir(path: Path, *, tie_word_embeddings: bool = False, seed: int = 0) -> Path:
+    """Write a random-init tiny llama + char tokenizer to `path` and return it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(torch.float32)
+        # A wider init than the default (std 0.02) so the random model's next-token
+        # distributions are far from uniform: samples differ visibly between weights.
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.ndim == 2:
+                    p.normal_(0.0, 0.3)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_llama_tied"), tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """../shared/data (or $ASPO_DATA_DIR); skips the test when it is missing."""
+    path = Path(os.environ.get("ASPO_DATA_DIR") or REPO_ROOT.parent / "shared" / "data")
+    if not path.is_dir():
+        pytest.skip(f"shared data dir {path} not found (set ASPO_DATA_DIR)")
+    return path

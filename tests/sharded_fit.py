@@ -1,0 +1,121 @@
+"""Train ASPOModule on fixed rollout batches with 1 or 2 CPU processes (FSDP2 or DDP over gloo).
+
+Run as a script (Lightning re-launches it once per extra process):
+    python tests/sharded_fit.py --model DIR --devices 2 --strategy fsdp2 --out result.json
+Writes, from rank 0, the per-step grad norms and the final full policy weights' checksums, so a
+test can compare sharded training against the single-process run of the same batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback, LightningDataModule, Trainer, seed_everything
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aspo_lit.advantages import group_advantages  # noqa: E402
+from aspo_lit.models import full_state_dict  # noqa: E402
+from aspo_lit.module import ASPOModule  # noqa: E402
+from aspo_lit.rollout.batch import RolloutBatch  # noqa: E402
+
+GROUPS, G, P, T = 8, 4, 6, 10
+
+
+def fixed_rollout(step: int, vocab: int, pad: int) -> RolloutBatch:
+    """A deterministic synthetic rollout batch: random prompts/responses, varied lengths, 0/1 rewards."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    n = GROUPS * G
+    prompt = torch.randint(4, vocab, (GROUPS, P), generator=gen).repeat_interleave(G, 0)
+    response = torch.randint(4, vocab, (n, T), generator=gen)
+    lengths = torch.randint(3, T + 1, (n,), generator=gen)
+    response_mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    response = torch.where(response_mask.bool(), response, torch.full_like(response, pad))
+    input_ids = torch.cat([prompt, response], 1)
+    attention_mask = torch.cat([torch.ones(n, P, dtype=torch.long), response_mask.long()], 1)
+    rewards = (torch.rand(n, generator=gen) > 0.5).float()
+    advantages, _ = group_advantages(rewards, G)
+    return RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask,
+                        prompt_length=P, rewards=rewards, advantages=advantages, group_size=G,
+                        texts=[""] * n, prompts=[""] * n, answers=[""] * n, finish_reasons=["stop"] * n,
+                        response_lengths=lengths)
+
+
+def rank_share(batch: RolloutBatch, rank: int, world: int) -> RolloutBatch:
+    groups = torch.arange(GROUPS)[rank::world]
+    rows = (groups[:, None] * G + torch.arange(G)[None, :]).reshape(-1)
+    fields = {}
+    for name, value in vars(batch).items():
+        if isinstance(value, torch.Tensor):
+            fields[name] = value[rows]
+        elif isinstance(value, list):
+            fields[name] = [value[i] for i in rows.tolist()]
+        else:
+            fields[name] = value
+    return RolloutBatch(**fields)
+
+
+class FixedRollouts(LightningDataModule):
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps = steps
+
+    def train_dataloader(self):
+        return [[step] for step in range(self.steps)]
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        module = self.trainer.lightning_module
+        full = fixed_rollout(int(batch[0]), module.policy.config.vocab_size, module.tokenizer.pad_token_id)
+        return rank_share(full, self.trainer.global_rank, self.trainer.world_size)
+
+
+class Record(Callback):
+    def __init__(self) -> None:
+        self.grad_norms: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.grad_norms.append(float(outputs["grad_norm"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--strategy", choices=["single", "fsdp2", "ddp"], default="single")
+    parser.add_argument("--loss_agg", default="seq-mean-token-mean")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    seed_everything(0)
+    strategy = {"single": "auto", "ddp": "ddp"}.get(args.strategy)
+    if args.strategy == "fsdp2":
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        strategy = ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1)
+    module = ASPOModule(model_name_or_path=args.model, loss="aspo", loss_kwargs={"loss_agg": args.loss_agg},
+                        lr=1e-3, warmup_steps=0, kl_coef=0.01, mini_batch_size=GROUPS, micro_batch_size=3)
+    record = Record()
+    trainer = Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=2, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[record])
+    from aspo_lit.models import load_policy
+
+    initial = {name: t.double().sum().item() for name, t in load_policy(args.model).state_dict().items()}
+    trainer.fit(module, datamodule=FixedRollouts(steps=2))
+    state = full_state_dict(module.policy)
+    if trainer.is_global_zero:
+        result = {
+            "grad_norms": record.grad_norms,
+            "initial_weights": initial,
+            "weights": {name: tensor.double().sum().item() for name, tensor in state.items()},
+            "abs_weights": {name: tensor.double().abs().sum().item() for name, tensor in state.items()},
+        }
+        Path(args.out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

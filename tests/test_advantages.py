@@ -1,0 +1,78 @@
+"""Group-relative advantages (eq. 1) against a plain-Python reference."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aspo_lit.advantages import group_advantages
+
+
+def reference(rewards: list[float], group_size: int, norm: str, eps: float = 1e-6) -> list[float]:
+    out = []
+    for g in range(0, len(rewards), group_size):
+        group = rewards[g:g + group_size]
+        mean = statistics.fmean(group)
+        scale = statistics.stdev(group) + eps if norm == "std" else 1.0   # stdev: unbiased (n-1)
+        out += [0.0 if len(set(group)) == 1 else (r - mean) / scale for r in group]
+    return out
+
+
+def test_grpo_std_normalisation_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    adv, all_equal = group_advantages(rewards, group_size=4)
+    std = (3 * 0.25**2 + 0.75**2) / 3  # unbiased variance of [1, 0, 0, 0]
+    expected = torch.tensor([0.75, -0.25, -0.25, -0.25]) / (std**0.5 + 1e-6)
+    torch.testing.assert_close(adv[:4], expected)
+    assert adv[4:].eq(0).all()
+    assert all_equal.tolist() == [False, True]
+
+
+def test_norm_none_is_mean_centred_only():
+    adv, all_equal = group_advantages(torch.tensor([3.0, 1.0, 2.0, 1.0, 0.0, 2.0]), 3, norm="none")
+    torch.testing.assert_close(adv, torch.tensor([1.0, -1.0, 0.0, 0.0, -1.0, 1.0]))
+    assert all_equal.tolist() == [False, False]
+
+
+def test_all_equal_groups_are_exactly_zero():
+    rewards = torch.full((6,), 0.1)   # a mean of 0.1s need not round back to 0.1 exactly
+    adv, all_equal = group_advantages(rewards, 3)
+    assert adv.eq(0).all() and all_equal.all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    group_size=st.integers(2, 6),
+    groups=st.integers(1, 4),
+    norm=st.sampled_from(["std", "none"]),
+    data=st.data(),
+)
+def test_property_matches_reference(group_size, groups, norm, data):
+    values = st.one_of(st.sampled_from([0.0, 1.0]), st.floats(-5, 5, allow_nan=False, width=32))
+    rewards = data.draw(st.lists(values, min_size=group_size * groups, max_size=group_size * groups))
+    adv, all_equal = group_advantages(torch.tensor(rewards), group_size, norm=norm)
+    expected = reference(rewards, group_size, norm)
+    torch.testing.assert_close(adv, torch.tensor(expected), rtol=1e-4, atol=1e-4)
+    assert all_equal.tolist() == [len(set(rewards[g:g + group_size])) == 1
+                                  for g in range(0, len(rewards), group_size)]
+    # each group's advantages are centred
+    torch.testing.assert_close(adv.view(groups, group_size).sum(-1), torch.zeros(groups), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(rewards=torch.zeros(5), group_size=2), "multiple of group_size"),
+        (dict(rewards=torch.zeros(4), group_size=1), "group_size"),
+        (dict(rewards=torch.zeros(4, 1), group_size=2), "rewards"),
+        (dict(rewards=torch.zeros(4), group_size=2, norm="batch"), r"norm 'batch'.*std.*none"),
+        (dict(rewards=torch.tensor([0.0, float("nan")]), group_size=2), "rewards"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        group_advantages(**kwargs)

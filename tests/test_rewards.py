@@ -1,0 +1,267 @@
+"""MathVerifyReward: self-grading of the six benchmarks, extraction, time bounds, penalties."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from aspo_lit.rewards import (
+    MathVerifyReward,
+    RewardFn,
+    extract_answer,
+    last_boxed_only_string,
+    normalize_answer,
+    overlong_penalty,
+)
+
+BENCHMARKS = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
+TIMEOUT_S = 1.0  # per-call bound used by the adversarial tests
+MARGIN_S = 2.0  # scheduling slack on a loaded 2-core machine
+
+
+def _data_dir() -> Path:
+    """``$ASPO_DATA_DIR``, else ``<repo root>/../shared/data``."""
+    env = os.environ.get("ASPO_DATA_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _rows(name: str) -> list[dict]:
+    path = _data_dir() / f"{name}.jsonl"
+    if not path.exists():
+        pytest.skip(f"benchmark file {path} not found (set ASPO_DATA_DIR to the folder with the six JSONL files)")
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _response(answer: str) -> str:
+    return "Let me think. Maybe \\boxed{0}?</think> The answer is \\boxed{%s}." % answer
+
+
+@pytest.fixture(scope="module")
+def reward():
+    """Main-thread grading through math-verify (fast path off, so math-verify is exercised)."""
+    r = MathVerifyReward(timeout_s=5.0, fast_path=False, num_workers=2)
+    yield r
+    r.close()
+
+
+# --------------------------------------------------------------------------- benchmarks
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_gold_self_grading(name, reward):
+    """Every gold answer graded against itself scores 1 for >= 99% of rows (math-verify path)."""
+    rows = _rows(name)
+    start = time.perf_counter()
+    failures = [(r["id"], r["answer"]) for r in rows if reward(_response(r["answer"]), r["answer"]) != 1.0]
+    elapsed = time.perf_counter() - start
+    rate = 1 - len(failures) / len(rows)
+    print(f"\n{name}: self-grading {rate:.2%} of {len(rows)} in {elapsed:.1f} s; failures: {failures}")
+    assert rate >= 0.99, failures
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_wrong_answers_score_zero(name, reward):
+    """Integer golds off by one, and the next row's (different) gold, score 0."""
+    rows = _rows(name)[:40]
+    ints = [r["answer"] for r in rows if r["answer"].strip().lstrip("-").isdigit()]
+    for gold in ints:
+        assert reward(_response(str(int(gold) + 1)), gold) == 0.0, gold
+    pairs = [(a["answer"], b["answer"]) for a, b in zip(rows, rows[1:])
+             if normalize_answer(a["answer"]) != normalize_answer(b["answer"])]
+    scored = [(g, w) for g, w in pairs if reward(_response(w), g) != 0.0]
+    # A different gold string can still be the same value (e.g. "5" vs "x=5"): allow a few.
+    assert len(scored) <= max(1, len(pairs) // 20), scored
+
+
+def test_gold_self_grading_process_pool(reward):
+    """A sample of every benchmark graded through ``batch`` (worker processes) scores 1."""
+    texts, golds = [], []
+    for name in BENCHMARKS:
+        for row in _rows(name)[::25][:8]:
+            texts.append(_response(row["answer"]))
+            golds.append(row["answer"])
+    start = time.perf_counter()
+    scores = reward.batch(texts, golds)
+    print(f"\npool: {sum(scores)}/{len(scores)} in {time.perf_counter() - start:.1f} s")
+    assert scores == [1.0] * len(texts), [g for g, s in zip(golds, scores) if s != 1.0]
+    wrong = reward.batch([_response("\\frac{3}{7}"), _response("x+1")], ["\\frac{1}{2}", "x-1"])
+    assert wrong == [0.0, 0.0]
+
+
+# --------------------------------------------------------------------------- grading rules
+
+
+@pytest.mark.parametrize(
+    "answer, gold",
+    [
+        ("\\dfrac{1}{2}", "\\frac12"),
+        ("0.5", "\\frac{1}{2}"),
+        ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}"),
+        ("x=5", "5"),
+        ("\\left(1, 2\\right)", "(1,2)"),
+        ("25", "\\boxed{25}"),
+        ("25", "$25$"),
+    ],
+)
+def test_equivalent_answers(answer, gold):
+    assert MathVerifyReward(fast_path=False)(f"</think>\\boxed{{{answer}}}", gold) == 1.0
+
+
+def test_think_tag_handling():
+    r = MathVerifyReward()
+    # A boxed answer inside the reasoning is ignored once </think> is present.
+    assert r("<think>\\boxed{7}</think> so the answer is 8", "7") == 0.0
+    assert r("<think>\\boxed{8}</think> \\boxed{7}", "7") == 1.0
+    # The text after the LAST </think> counts.
+    assert r("<think>a</think>\\boxed{7} <think>b</think> \\boxed{9}", "9") == 1.0
+    # Without </think> the whole text is graded.
+    assert r("no thinking tags, \\boxed{7}", "7") == 1.0
+    # think_end_token=None grades everything (the last boxed of the whole text).
+    assert MathVerifyReward(think_end_token=None)("\\boxed{8}</think>\\boxed{7}", "7") == 1.0
+    assert MathVerifyReward(think_end_token=None)("\\boxed{7}</think>", "7") == 1.0
+
+
+def test_last_boxed_extraction():
+    assert last_boxed_only_string("a \\boxed{1} b \\boxed{\\frac{2}{3}} c") == "\\boxed{\\frac{2}{3}}"
+    assert extract_answer("\\boxed{1} then \\fbox{2}") == "2"
+    assert extract_answer("\\boxed {12}") == "12"
+    assert extract_answer("\\boxed 12 ok") == "12"
+    assert extract_answer("nothing here") is None
+    assert extract_answer("\\boxed{1} \\boxed{\\frac{2}{3}") is None  # the last one is cut off
+    r = MathVerifyReward()
+    assert r("\\boxed{3} wait, no: \\boxed{4}", "4") == 1.0
+    assert r("\\boxed{3} wait, no: \\boxed{4}", "3") == 0.0
+    assert r("no box: the answer is 4", "4") == 0.0
+
+
+def test_empty_gold_scores_zero():
+    assert MathVerifyReward(fast_path=False)("</think>\\boxed{}", "") == 0.0
+    assert MathVerifyReward()("</think>\\boxed{1}", "") == 0.0
+
+
+# --------------------------------------------------------------------------- time bounds
+
+ADVERSARIAL = {
+    "power_tower": "\\boxed{9^{9^{9^{9}}}}",
+    "power_tower_sum": "\\boxed{9^{9^{9}}+1}",
+    "huge_factorial": "\\boxed{(10^{10^{5}})!}",
+    "huge_binomial": "\\boxed{\\binom{10^{7}}{5\\cdot 10^{6}}}",
+    "long_sum_100k": "\\boxed{" + "1+" * 50000 + "1}",
+    "long_text_100k": "x" * 100000 + "\\boxed{" + "a" * 100000 + "}",
+    "deep_braces_5000": "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
+    "nested_fracs": "\\boxed{" + "\\frac{1}{" * 30 + "2" + "}" * 30 + "}",
+    "malformed": "\\boxed{\\frac{1}{\\sqrt{}}^^_\\left(}",
+    "unbalanced": "\\boxed{\\frac{1}{2}",
+    "junk_commands": "\\boxed{\\begin{array}\\end{matrix}\\\\\\\\&&&}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_adversarial_main_thread_bounded(name):
+    r = MathVerifyReward(timeout_s=TIMEOUT_S)
+    start = time.perf_counter()
+    score = r("</think>" + ADVERSARIAL[name], "5")
+    elapsed = time.perf_counter() - start
+    assert score == 0.0
+    assert elapsed < TIMEOUT_S + MARGIN_S, f"{name} took {elapsed:.1f} s"
+
+
+def test_adversarial_process_pool_bounded():
+    r = MathVerifyReward(timeout_s=TIMEOUT_S, num_workers=2)
+    try:
+        r.batch(["\\boxed{1}"], ["2"])  # start the workers outside the timed part
+        texts = ["</think>" + v for v in ADVERSARIAL.values()] + [_response("\\frac{1}{2}")]
+        golds = ["5"] * len(ADVERSARIAL) + ["0.5"]
+        start = time.perf_counter()
+        scores = r.batch(texts, golds)
+        elapsed = time.perf_counter() - start
+        assert scores == [0.0] * len(ADVERSARIAL) + [1.0]
+        bound = len(texts) * TIMEOUT_S / r.num_workers + MARGIN_S
+        assert elapsed < bound, f"{elapsed:.1f} s > {bound:.1f} s"
+    finally:
+        r.close()
+
+
+def test_non_main_thread_is_bounded():
+    """From a worker thread signals are unavailable: the call goes to a process, still bounded."""
+    r = MathVerifyReward(timeout_s=TIMEOUT_S, num_workers=1)
+    r.batch(["\\boxed{1}"], ["2"])  # start the worker outside the timed part
+    out = {}
+
+    def grade():
+        start = time.perf_counter()
+        out["bad"] = r("</think>" + ADVERSARIAL["power_tower"], "5")
+        out["elapsed"] = time.perf_counter() - start
+        out["good"] = r(_response("\\dfrac{2}{4}"), "\\frac12")
+        out["batch"] = r.batch([_response("3"), _response("4")], ["3", "5"])
+
+    try:
+        t = threading.Thread(target=grade)
+        t.start()
+        t.join(timeout=60)
+        assert not t.is_alive()
+        assert out["bad"] == 0.0 and out["good"] == 1.0 and out["batch"] == [1.0, 0.0]
+        assert out["elapsed"] < TIMEOUT_S * 1.5 + 2.0 + MARGIN_S  # worker hard deadline + slack
+    finally:
+        r.close()
+
+
+def test_hung_worker_is_killed_and_replaced():
+    """A worker past the hard deadline is SIGKILLed; its item scores 0 and the pool recovers."""
+    r = MathVerifyReward(timeout_s=60.0, hard_timeout_s=1.0, num_workers=1)
+    try:
+        r.batch(["\\boxed{1}"], ["2"])
+        start = time.perf_counter()
+        scores = r.batch(["</think>" + ADVERSARIAL["power_tower"], _response("0.5")], ["5", "\\frac{1}{2}"])
+        elapsed = time.perf_counter() - start
+        assert scores == [0.0, 1.0]
+        assert r._pool.num_killed == 1
+        assert elapsed < 1.0 + 30.0  # the deadline, plus starting one replacement worker
+    finally:
+        r.close()
+
+
+# --------------------------------------------------------------------------- extras
+
+
+def test_overlong_penalty_values():
+    # max 100 tokens, last 20 are the buffer
+    assert overlong_penalty(50, 100, 20, 1.0) == 0.0
+    assert overlong_penalty(80, 100, 20, 1.0) == 0.0
+    assert overlong_penalty(90, 100, 20, 1.0) == pytest.approx(-0.5)
+    assert overlong_penalty(100, 100, 20, 1.0) == pytest.approx(-1.0)
+    assert overlong_penalty(95, 100, 20, 2.0) == pytest.approx(-1.5)
+    assert overlong_penalty(100, 100, 0, 1.0) == 0.0  # no buffer: off
+    r = MathVerifyReward(overlong_buffer={"max_response_length": 100, "buffer_length": 20, "penalty_factor": 1.0},
+                         num_workers=0)
+    assert r(_response("3"), "3", response_length=90) == pytest.approx(0.5)
+    assert r(_response("3"), "3") == 1.0  # no length given: no penalty
+    assert r.batch([_response("3"), _response("3")], ["3", "4"], response_lengths=[10, 100]) == pytest.approx([1.0, -1.0])
+
+
+def test_format_reward():
+    r = MathVerifyReward(format_reward=True, format_error_score=-1.0)
+    assert r("<think>x</think>\\boxed{3}", "3") == 1.0
+    assert r("<think>x</think>\\boxed{4}", "3") == 0.0
+    assert r("<think>x \\boxed{3}", "3") == -1.0  # thinking never closed
+    assert r("<think>x</think> 3", "3") == -1.0  # no boxed answer
+    assert MathVerifyReward()("<think>x \\boxed{3}", "3") == 1.0  # off by default
+
+
+def test_picklable_and_protocol():
+    r = MathVerifyReward(timeout_s=2.0, num_workers=1)
+    try:
+        assert isinstance(r, RewardFn)
+        r.batch(["\\boxed{1}"], ["2"])  # a live pool must not break pickling
+        clone = pickle.loads(pickle.dumps(r))
+        assert clone.timeout_s == 2.0 and clone._pool is None
+        assert clone(_response("0.5"), "\\frac12") == 1.0
+    finally:
+        r.close()
