@@ -11,12 +11,20 @@ from __future__ import annotations
 from typing import Any
 
 import argparse
+import warnings
 
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningCLI
 
 from aspo_lit.module import ASPOModule
 from data_modules.math import MathRLDataModule
+
+
+# Expected here, not actionable: the checkpoint is meant to hold the state after a completed step
+# (manual optimisation), and the frozen reference policy is in eval mode on purpose.
+for _message in (r".*no pre-optimization state was saved.*", r".*module\(s\) in eval mode at the start of training.*",
+                 r".*isinstance\(treespec, LeafSpec\).*"):
+    warnings.filterwarnings("ignore", message=_message)
 
 
 class ConfigError(ValueError):

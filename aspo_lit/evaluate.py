@@ -415,11 +415,10 @@ def table_columns(results: dict[str, dict]) -> dict[str, float]:
 def write_model_results(out: Path, results: dict[str, dict]) -> None:
     """<out>/results.csv and results.md: one line per benchmark evaluated so far for this model
     (merged with earlier calls' benchmarks, from their done.json files)."""
-    merged = {}
+    merged = dict(results)
     for done in sorted(out.glob("*.done.json")):
         r = json.loads(done.read_text())
-        merged[r["benchmark"]] = r
-    merged.update(results)
+        merged.setdefault(r["benchmark"], r)
     with open(out / "results.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=RESULT_FIELDS, extrasaction="ignore")
         writer.writeheader()

@@ -222,7 +222,8 @@ class ASPOModule(LightningModule):
                     _accumulate_stats(stats, stat_sums, stat_weights)
                     last_logprobs[micro] = logprobs.detach()
                     token_weight[micro] = effective_token_weight(
-                        self.loss_fn, logprobs.detach(), old_logprobs[micro], advantages[micro], mask[micro]
+                        self.loss_fn, logprobs.detach(), old_logprobs[micro], advantages[micro], mask[micro],
+                        entropy=entropy[micro],
                     )
                 grad_norm = self._clip_and_step(optimizer, scheduler, loss)
                 grad_norms.append(grad_norm)

@@ -52,7 +52,7 @@ def render_table1(results: dict, compare_paper: bool = True, missing: dict | Non
     Returns (markdown, rows); each row is {"base_model", "method", "status" ("ok" | "missing"),
     "reason", "cells": {column: {"ours", "paper", "delta"}}}.
     """
-    missing = dict(missing or {})
+    missing = {tuple(k): reason for k, reason in (missing or {}).items()}
     paper_columns, paper = load_paper_table(paper_csv) if compare_paper else ([], {})
     ours = {}
     for key, values in results.items():
@@ -71,7 +71,7 @@ def render_table1(results: dict, compare_paper: bool = True, missing: dict | Non
         columns = [c for c in columns if any(v.get(c) is not None for v in ours.values())]
 
     keys = list(paper) + [k for k in ours if k not in paper]
-    keys += [tuple(k) for k in missing if tuple(k) not in keys]
+    keys += [k for k in missing if k not in keys]
     rows = []
     for key in keys:
         values, reference = ours.get(key), paper.get(key, {})

@@ -1,7 +1,8 @@
 """Rollout-engine throughput and weight-sync time on a tiny model.
 
     python benchmarks/bench_rollout.py [--model DIR] [--engines hf,vllm] [--prompts 8 --n 8
-        --max-tokens 64] [--repeats 3] [--syncs 5] [--in-process] [--out results.json]
+        --max-tokens 64] [--repeats 3] [--syncs 5] [--in-process] [--torch-threads N]
+        [--out results.json]
 
 Model: ``--model``, else the testbed policy when it is already built (aspo_lit.testbed), else a
 random-init llama of the testbed's shape (hidden 128, 4 layers, 4 heads, fp32) with the
@@ -115,6 +116,9 @@ def main(argv=None) -> int:
     p.add_argument("--syncs", type=int, default=5)
     p.add_argument("--in-process", action="store_true", help="vLLM engine core in this process")
     p.add_argument("--no-logprobs", action="store_true")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="torch.set_num_threads for this process (the HF engines); on a loaded "
+                        "2-core box 1 thread is ~30x faster than 2 (OpenMP oversubscription)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
 
@@ -123,6 +127,8 @@ def main(argv=None) -> int:
 
     from aspo_lit.rollout import HFEngine, vllm_available
 
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, source = resolve_model(args.model, Path(tmp))
@@ -141,12 +147,13 @@ def main(argv=None) -> int:
                     continue
                 from aspo_lit.rollout import VLLMEngine
 
-                engine = VLLMEngine(dtype="float32", kv_cache_gb=1, in_process=args.in_process)
+                engine = VLLMEngine(kv_cache_gb=1, in_process=args.in_process)  # "auto": fp32 checkpoint
                 name = "vllm (in-process)" if args.in_process else "vllm"
             else:
                 raise SystemExit(f"unknown engine {name}")
             res = bench_engine(name, engine, policy, tok, model_dir, args)
             res["model"] = source
+            res["torch_threads"] = torch.get_num_threads()
             results.append(res)
             print(json.dumps(res), flush=True)
     print("\n| engine | start-up s | rollout s | tokens | tokens/s | weight sync s |")

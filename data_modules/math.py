@@ -91,6 +91,17 @@ class MathRLDataModule(LightningDataModule):
         self.stats: dict[str, float] = {}
         self._synced_step = -1
 
+    def setup(self, stage: str) -> None:
+        world = self.trainer.world_size
+        if self.hparams.filter_groups and world > 1:
+            # Ranks would keep different numbers of groups, hence run different numbers of
+            # forward passes, which sharded training cannot do (it would deadlock).
+            raise ValueError("data.filter_groups is single-process only for now; set it to false with "
+                             f"{world} processes")
+        if self.hparams.batch_size % world:
+            raise ValueError(f"data.batch_size={self.hparams.batch_size} must be divisible by the "
+                             f"number of processes ({world})")
+
     # --- data -----------------------------------------------------------------------------
 
     def _load_split(self, source: str) -> list[dict[str, Any]]:
@@ -160,7 +171,7 @@ class MathRLDataModule(LightningDataModule):
 
     def _sync_weights(self, engine: RolloutEngine) -> float:
         """Push the policy's weights once per optimizer-step change (full tensors gathered from shards)."""
-        if self._synced_step == self.trainer.global_step:
+        if self._synced_step == self.trainer.global_step or getattr(engine, "shares_policy", False):
             return 0.0
         from aspo_lit.models import named_full_tensors
 

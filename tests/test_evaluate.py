@@ -400,7 +400,7 @@ def test_tiny_profile_table1(tmp_path, shared_data_dir):
     by_method = {r["method"]: r for r in rows}
     base = by_method["base"]
     assert base["status"] == "ok", base["reason"]
-    assert base["cells"]["arith_heldout_avg@8"]["ours"] is not None
+    assert base["cells"]["arith_heldout_avg@4"]["ours"] is not None
     for column in ("aime24_avg@2", "math500_pass@2", "olympiad_avg@2"):
         assert base["cells"][column]["ours"] is not None
     for method in ("GRPO", "ASPO"):

@@ -191,7 +191,8 @@ def test_aspo_forward_values():
     """Value of each ASPO term: -A/r (flipped), -c·A·lp (soft dual clip), constants when masked."""
     lp, old, adv, mask = region_batch()
     loss_fn = make_loss("aspo", loss_agg="token-mean")
-    per_token, _ = loss_fn.token_loss(*loss_fn.prepare_inputs(lp, old, adv, mask), *loss_fn.token_eps(mask.bool(), None))
+    inputs = loss_fn.prepare_inputs(lp, old, adv, mask)
+    per_token, _ = loss_fn.token_loss(*inputs, *loss_fn.token_eps(inputs[-1], None))
     r = (lp - old).exp().view(-1)
     a = adv
     v = per_token.view(-1)

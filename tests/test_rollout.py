@@ -81,8 +81,9 @@ def vllm_setup(tiny_tied_model_dir):
 
     policy, tokenizer = _load(tiny_tied_model_dir)
     # block_size 32 (CPU default 128) so the prompts above fill whole, cacheable KV blocks
-    engine = VLLMEngine(dtype="float32", kv_cache_gb=1, block_size=32, seed=0)
+    engine = VLLMEngine(kv_cache_gb=1, block_size=32, seed=0)  # dtype "auto": the checkpoint's fp32
     engine.attach(policy, tokenizer, str(tiny_tied_model_dir))
+    assert engine.model_dtype == torch.float32, "vLLM downcast the fp32 checkpoint"
     print(f"\nvLLM start-up: {engine.startup_s:.1f}s")
     yield policy, tokenizer, engine
     engine.close()
@@ -109,8 +110,9 @@ def perturb(policy: torch.nn.Module, scale: float = 0.2, seed: int = 0) -> None:
             p.add_(torch.randn(p.shape, generator=g) * scale)
 
 
-def policy_logprob_gap(policy, prompt_ids, completions, temperature: float = 1.0) -> float:
-    """Mean |engine log-prob - log-prob recomputed by the training policy| over response tokens."""
+def policy_logprob_gap(policy, prompt_ids, completions, temperature: float = 1.0, top_p: float = 1.0) -> float:
+    """Mean |engine log-prob - log-prob recomputed by the training policy| over response tokens,
+    under the distribution sampled from (logits / temperature, renormalised on the top-p nucleus)."""
     packed = pack_rollouts(prompt_ids, completions, pad_token_id=0)
     assert packed["engine_logprobs"] is not None, "engine returned no log-probs"
     was_training = policy.training
@@ -123,10 +125,17 @@ def policy_logprob_gap(policy, prompt_ids, completions, temperature: float = 1.0
         ).logits.float()
     policy.train(was_training)
     P = packed["prompt_length"]
-    logp = torch.log_softmax(logits[:, P - 1:-1] / temperature, dim=-1)
+    logits = logits[:, P - 1:-1] / temperature
+    if top_p < 1.0:  # the nucleus rule of HF's TopPLogitsWarper and vLLM's sampler
+        sorted_logits, order = logits.sort(dim=-1, descending=False)
+        drop_sorted = sorted_logits.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop_sorted[..., -1] = False
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    logp = torch.log_softmax(logits, dim=-1)
     logp = logp.gather(-1, packed["input_ids"][:, P:, None]).squeeze(-1)
     mask = packed["response_mask"]
-    return float(((logp - packed["engine_logprobs"]).abs() * mask).sum() / mask.sum())
+    gap = torch.where(mask.bool(), (logp - packed["engine_logprobs"]).abs(), torch.zeros_like(logp))
+    return float(gap.sum() / mask.sum())
 
 
 def _flat(groups):
@@ -223,6 +232,17 @@ def test_logprobs_are_temperature_scaled(setup: Setup):
     assert policy_logprob_gap(setup.policy, ids, out, temperature=1.0) > STALE
 
 
+def test_logprobs_top_p_and_greedy(setup: Setup):
+    ids = setup.prompt_ids()
+    s = SamplingConfig(max_tokens=16, seed=6, temperature=0.8, top_p=0.7, logprobs=True)
+    out = setup.engine.generate(ids, n=3, sampling=s)
+    assert policy_logprob_gap(setup.policy, ids, out, temperature=0.8, top_p=0.7) < TOL
+    greedy = setup.engine.generate(ids, n=2, sampling=SamplingConfig(max_tokens=12, temperature=0.0, logprobs=True))
+    for g in greedy:
+        assert g[0].token_ids == g[1].token_ids
+    assert policy_logprob_gap(setup.policy, ids, greedy) < TOL  # greedy: the model's own log-probs
+
+
 def test_update_weights_accepts_state_dict_with_wrapper_prefixes(setup: Setup):
     ids = setup.prompt_ids()
     perturb(setup.policy, seed=2)
@@ -286,6 +306,9 @@ def test_hf_engine_restores_training_mode(tiny_model_dir):
     engine.generate(["1+1="], n=2, sampling=SamplingConfig(max_tokens=4))
     assert policy.training
     assert engine.shares_policy and engine.update_weights(policy.named_parameters()) is None
+    other, _ = _load(tiny_model_dir)  # weights of another module: not silently ignored
+    with pytest.raises(ValueError, match="copy=True"):
+        engine.update_weights(other.named_parameters())
 
 
 def test_build_engine(monkeypatch):

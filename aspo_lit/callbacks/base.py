@@ -70,6 +70,7 @@ def weighted_means(
     for values, weights in pairs.values():
         v = _as_tensor(values, device).reshape(-1)
         w = torch.ones_like(v) if weights is None else _as_tensor(weights, device).reshape(-1)
+        v = torch.where(w != 0, v, 0.0)  # a NaN stat of an empty slice (weight 0) must not poison the sum
         sums.append(torch.stack([(v * w).sum(), w.sum()]))
     if not sums:
         return {}

@@ -94,7 +94,8 @@ def plot_figure2(run_dirs: Sequence[str], out_path_stem: str, labels: Sequence[s
         for i, (run, label) in enumerate(zip(runs, labels)):
             if key in run:
                 steps, values = run[key]
-                ax.plot(steps, _smooth(values, smooth), color=f"C{i}", label=label, lw=1.4)
+                ax.plot(steps, _smooth(values, smooth), color=f"C{i}", label=label, lw=1.4,
+                        marker="o" if len(steps) < 30 else None, ms=3)
         ax.set(title=title, xlabel="step", ylabel=key)
         ax.grid(alpha=0.3)
     fig.axes[0].legend()

@@ -115,12 +115,13 @@ class HealthMonitor(Diagnostic):
 
     def __init__(self, interval: int = 10, window: int = 20, min_entropy: float = 0.02,
                  max_entropy_drop: float = 0.9, fast_entropy_drop: float = 0.3,
-                 min_reward_gain: float = 0.02, clip_high: float = 0.02, surge: float = 2.0) -> None:
+                 min_reward_gain: float = 0.02, clip_high: float = 0.02, clip_floor: float = 1e-3,
+                 kl_floor: float = 1e-4, surge: float = 2.0) -> None:
         super().__init__(prog_bar=("health/status",))
         self.interval = interval
         self.thresholds = dict(window=window, min_entropy=min_entropy, max_entropy_drop=max_entropy_drop,
                                fast_entropy_drop=fast_entropy_drop, min_reward_gain=min_reward_gain,
-                               clip_high=clip_high, surge=surge)
+                               clip_high=clip_high, clip_floor=clip_floor, kl_floor=kl_floor, surge=surge)
         self.history: dict[str, list[float]] = {ENTROPY: [], REWARD: [], CLIP: [], KL: []}
         self.verdict, self.reason = "healthy", "no steps yet"
         self._log_dir: str | None = None

@@ -36,7 +36,8 @@ def diagnostics_line(trainer) -> dict[str, Any]:
 class _DiagnosticsLine:
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
         items = super().get_metrics(trainer, pl_module)  # type: ignore[misc]
-        items = {k: v for k, v in items.items() if not k.startswith(("health/", "train/", "timing/"))}
+        shown_elsewhere = {*SHOWN.values(), "health/status"}
+        items = {k: v for k, v in items.items() if k not in shown_elsewhere}
         return {**items, **diagnostics_line(trainer)}
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
+from aspo_lit.callbacks.base import resolve_log_dir
+
 
 def _metric_series(metrics_csv: Path, key: str) -> list[float]:
     if not metrics_csv.exists():
@@ -23,10 +25,13 @@ def _first_last(values: list[float]) -> str:
 class RunSummary(Callback):
     """Prints a short report (rank 0) when fit ends or is interrupted."""
 
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.log_dir = Path(resolve_log_dir(trainer))  # a collective: every rank calls it
+
     def on_fit_end(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero:
             return
-        log_dir = Path(trainer.log_dir or ".")
+        log_dir = self.log_dir
         metrics_csv = log_dir / "metrics.csv"
         for logger in trainer.loggers:
             save = getattr(logger, "save", None)

@@ -70,7 +70,8 @@ class Reservoir:
         self.seen = 0
 
 
-def plot_token_weights(samples: np.ndarray, path: str, bins: int = 20, title: str = "") -> dict[str, np.ndarray]:
+def plot_token_weights(samples: np.ndarray, path: str, bins: int = 20,
+                       title: str = "") -> dict[str, np.ndarray]:
     """Draw the two Fig. 4 panels from rows ``(π_old, π, w, sign A)``; returns the binned grids."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state
 
@@ -80,12 +81,14 @@ def plot_token_weights(samples: np.ndarray, path: str, bins: int = 20, title: st
         rows = samples[samples[:, 3] == sign]
         mean, count = bin_token_weights(rows[:, 0], rows[:, 1], rows[:, 2], bins)
         grids[f"{name}_mean"], grids[f"{name}_count"] = mean, count
+        # colour scale to the 98th percentile: a few tokens with π_old → 0 have huge ratios
+        vmax = float(np.nanpercentile(mean, 98)) if np.isfinite(mean).any() else 1.0
         image = ax.imshow(np.ma.masked_invalid(mean), origin="lower", extent=(0, 1, 0, 1),
-                          cmap="viridis", aspect="equal")
+                          cmap="viridis", aspect="equal", vmin=0.0, vmax=max(vmax, 1e-6))
         ax.plot([0, 1], [0, 1], color="white", lw=0.8, ls="--")
         ax.set(xlabel=r"$\pi_{old}$", ylabel=r"$\pi_\theta$",
                title=f"{'A > 0' if sign > 0 else 'A < 0'}  ({len(rows)} tokens)")
-        fig.colorbar(image, ax=ax, label="mean effective token weight")
+        fig.colorbar(image, ax=ax, label="mean effective token weight", extend="max")
     if title:
         fig.suptitle(title)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -102,7 +105,8 @@ class TokenWeightSurface(Callback):
         bins: bins per axis of the heat maps.
     """
 
-    def __init__(self, every_n_steps: int = 50, max_samples: int = 200_000, bins: int = 20, seed: int = 0) -> None:
+    def __init__(self, every_n_steps: int = 50, max_samples: int = 200_000, bins: int = 20,
+                 seed: int = 0) -> None:
         self.every_n_steps = every_n_steps
         self.bins = bins
         self.reservoir = Reservoir(max_samples, 4, seed)
@@ -114,7 +118,9 @@ class TokenWeightSurface(Callback):
         self._log_dir = resolve_log_dir(trainer)  # a collective: every rank, once
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not trainer.is_global_zero or not isinstance(outputs, Mapping) or outputs.get("token_weight") is None:
+        if not trainer.is_global_zero or not isinstance(outputs, Mapping):
+            return
+        if outputs.get("token_weight") is None:
             return
         self.reservoir.add(self._rows(outputs))
         self.steps += 1
@@ -138,7 +144,8 @@ class TokenWeightSurface(Callback):
 
     def _save(self, trainer) -> None:
         step = trainer.global_step
-        path = os.path.join(self._log_dir or trainer.default_root_dir, "figures", f"token_weights_step{step}.png")
+        folder = os.path.join(self._log_dir or trainer.default_root_dir, "figures")
+        path = os.path.join(folder, f"token_weights_step{step}.png")
         module = trainer.lightning_module
         name = type(getattr(module, "loss_fn", module)).__name__
         title = f"{name}: effective token weight, step {step}"

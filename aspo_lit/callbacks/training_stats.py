@@ -16,6 +16,9 @@ Every value is reduced across ranks by what it is a mean of:
 * ``timing/*`` — max over ranks (the slowest rank sets the pace), plus ``timing/step_s``, this
   callback's wall clock from batch start to batch end;
 * ``perf/tokens_per_s`` — Σ_ranks ``num_tokens`` / ``timing/step_s``.
+
+Every rank must return the same keys in ``loss_stats``, ``batch_stats`` and ``timings`` (they
+are reduced key by key, in sorted order).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class TrainingStats(Diagnostic):
         step_s = time.perf_counter() - self._t0 if self._t0 is not None else float("nan")
         mask = torch.as_tensor(d["response_mask"])
         n_tokens = mask.sum()
-        loss_stats = dict(d.get("loss_stats") or {})
+        loss_stats = dict(sorted((d.get("loss_stats") or {}).items()))  # same order on every rank
         n_pos = loss_stats.pop("count/pos_tokens", 1.0)
         n_neg = loss_stats.pop("count/neg_tokens", 1.0)
         pg_loss = loss_stats.pop("pg_loss", float("nan"))
@@ -67,7 +70,7 @@ class TrainingStats(Diagnostic):
         means.update({k: (loss_stats.pop(k), n_neg) for k in NEG_STATS if k in loss_stats})
         means.update({_name(k, "train"): (v, None) for k, v in loss_stats.items()
                       if not k.startswith("count/")})
-        batch_stats = {_name(k, "batch"): v for k, v in (d.get("batch_stats") or {}).items()}
+        batch_stats = {_name(k, "batch"): v for k, v in sorted((d.get("batch_stats") or {}).items())}
         means.update({k: (v, None) for k, v in batch_stats.items() if not self._is_count(k)})
         metrics = weighted_means(means, trainer=trainer)
 
@@ -82,7 +85,7 @@ class TrainingStats(Diagnostic):
                  "train/skipped_steps": d.get("skipped_steps", 0),
                  "response/length_max": lengths,
                  "timing/step_s": step_s}
-        maxes.update({_name(k, "timing"): v for k, v in (d.get("timings") or {}).items()})
+        maxes.update({_name(k, "timing"): v for k, v in sorted((d.get("timings") or {}).items())})
         metrics.update(global_maxes(maxes, trainer=trainer))
         num_tokens = global_sum(d.get("num_tokens", n_tokens), trainer=trainer)
         metrics["perf/tokens_per_s"] = num_tokens / metrics["timing/step_s"]

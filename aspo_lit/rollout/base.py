@@ -198,6 +198,9 @@ def vllm_available() -> bool:
     if importlib.util.find_spec("vllm") is None:
         return False
     try:
+        from .vllm import configure_vllm_env
+
+        configure_vllm_env()  # the environment vLLM reads must be set before its import
         import vllm  # noqa: F401
     except Exception:  # pragma: no cover - depends on the install
         return False
@@ -223,7 +226,7 @@ def build_engine(name_or_engine: str | RolloutEngine = "auto", **kwargs: Any) ->
         forced = os.environ.get("ASPO_LIT_ENGINE", "").lower()
         if forced in ("hf", "transformers"):
             name = "hf"
-        elif vllm_available() and (torch.cuda.is_available() or forced == "vllm"):
+        elif (torch.cuda.is_available() or forced == "vllm") and vllm_available():
             name = "vllm"
         else:
             name = "hf"

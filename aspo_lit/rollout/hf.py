@@ -14,7 +14,6 @@ the same positions as an unpadded one). See ``base`` for the ``Completion`` sema
 
 from __future__ import annotations
 
-import contextlib
 import copy as copy_module
 import logging
 import time
@@ -28,6 +27,15 @@ from .base import LOGPROBS_MODES, Completion, RolloutEngine, SamplingConfig, nam
 log = logging.getLogger(__name__)
 
 __all__ = ["HFEngine"]
+
+
+def _is_sharded(model: Any) -> bool:
+    """True when the module's parameters are DTensor shards (FSDP2) in a multi-process run."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    return any(hasattr(p, "full_tensor") for p in model.parameters())
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -180,8 +188,17 @@ class HFEngine(RolloutEngine):
     ) -> None:
         self._require_attached()
         if self.shares_policy:
-            # The engine samples with the policy module itself: nothing to copy. Consume a
-            # generator anyway so callers may pass model.named_parameters() unconditionally.
+            # The engine samples with the policy module itself: nothing to copy. Check (cheaply)
+            # that the tensors are the module's own, so a mistaken call cannot pass silently.
+            own = {n: p.data_ptr() for n, p in self.model.named_parameters(remove_duplicate=False)}
+            own.update({n: b.data_ptr() for n, b in self.model.named_buffers(remove_duplicate=False)})
+            for name, tensor in named_tensors_of(named_tensors):
+                if own.get(name) != tensor.data_ptr():
+                    raise ValueError(
+                        f"HFEngine shares the policy module, but update_weights got {name!r} which is "
+                        "not that module's tensor; attach the module the weights come from, or use "
+                        "HFEngine(copy=True)"
+                    )
             self.last_sync_s = 0.0
             return
         t0 = time.perf_counter()
@@ -300,6 +317,9 @@ class HFEngine(RolloutEngine):
                 generation_config=self._generation_config(sampling),
                 logits_processor=LogitsProcessorList(processors),
                 stopping_criteria=StoppingCriteriaList([stopper]) if stopper is not None else None,
+                # An FSDP-sharded policy all-gathers in every forward: ranks must keep stepping
+                # together until all of them are done (as with ZeRO-3).
+                synced_gpus=_is_sharded(model),
             )
         finally:
             model.generation_config = saved_gen_config

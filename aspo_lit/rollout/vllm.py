@@ -27,7 +27,9 @@ imported. On CPU vLLM spawns its engine process, so scripts need an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+import json
 import logging
 import os
 import shutil
@@ -72,6 +74,22 @@ def configure_vllm_env(kv_cache_gb: float | None = None) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+
+
+def _resolve_dtype(dtype: Any, model_path: Any) -> Any:
+    """``"auto"`` = the checkpoint's own dtype. vLLM's own ``"auto"`` downcasts an fp32 checkpoint
+    to bf16/fp16, which would make the engine's samples and log-probs off-policy for an fp32
+    policy (the tiny CPU testbed: mean |log-prob gap| 0.04 in bf16 vs 2e-6 in fp32); bf16/fp16
+    checkpoints are unaffected."""
+    if dtype != "auto":
+        return dtype
+    try:
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return dtype  # a hub id or no config.json: let vLLM decide
+    text_cfg = cfg.get("text_config") or {}
+    found = cfg.get("dtype") or cfg.get("torch_dtype") or text_cfg.get("dtype") or text_cfg.get("torch_dtype")
+    return "float32" if str(found).replace("torch.", "") == "float32" else dtype
 
 
 # ------------------------------------------------------------------------------------------------
@@ -141,7 +159,8 @@ class VLLMEngine(RolloutEngine):
         tensor_parallel_size: vLLM tensor parallelism.
         enable_sleep_mode: allow ``sleep()/wake()`` (GPU only; ignored with a warning on CPU).
         kv_cache_gb: ``VLLM_CPU_KVCACHE_SPACE`` in GiB on CPU (default: the env value, else 1).
-        dtype: model dtype (``"auto"`` = the checkpoint's).
+        dtype: model dtype; ``"auto"`` = the checkpoint's dtype (fp32 stays fp32, unlike vLLM's
+            own ``"auto"``, which downcasts fp32 checkpoints to bf16).
         max_model_len: context length (default: the model's).
         seed: vLLM's engine seed (requests without a ``SamplingConfig.seed`` draw from it).
         enforce_eager: no CUDA graphs / compilation (default: True on CPU, False on GPU).
@@ -222,7 +241,7 @@ class VLLMEngine(RolloutEngine):
         kwargs: dict[str, Any] = dict(
             model=str(model_path),
             tokenizer=str(model_path),
-            dtype=self.dtype,
+            dtype=_resolve_dtype(self.dtype, model_path),
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,
             gpu_memory_utilization=self.gpu_memory_utilization,
@@ -292,10 +311,13 @@ class VLLMEngine(RolloutEngine):
         if self._sleeping:
             self.wake()
         prompt_ids = self._encode_prompts(prompts)
+        # vLLM refuses n > 1 with greedy sampling: sample once and repeat (it is deterministic)
+        greedy = sampling.temperature == 0
+        n_req = 1 if greedy else n
         # vLLM gives sample j of a request the seed (request seed + j): space the requests' seeds
         # n apart so that every sample of the batch has its own stream.
         params = [
-            self._sampling_params(sampling, n, None if sampling.seed is None else int(sampling.seed) + i * n)
+            self._sampling_params(sampling, n_req, None if sampling.seed is None else int(sampling.seed) + i * n)
             for i in range(len(prompt_ids))
         ]
         outputs = self.llm.generate(
@@ -315,6 +337,9 @@ class VLLMEngine(RolloutEngine):
                 if reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM request finished with {reason!r}")
                 group.append(Completion(token_ids=token_ids, text=out.text, finish_reason=reason, logprobs=logprobs))
+            if greedy and n > 1:
+                c = group[0]
+                group += [dataclasses.replace(c, token_ids=list(c.token_ids), logprobs=None if c.logprobs is None else list(c.logprobs)) for _ in range(n - 1)]
             result.append(group)
         return result
 
@@ -366,7 +391,8 @@ class VLLMEngine(RolloutEngine):
         items = named_tensors_of(named_tensors)  # materialised once (a generator is consumed)
         info: dict[str, Any] = {}
         done = False
-        if self.in_process:
+        # tensors are handed over directly only when the worker lives in this process
+        if self.in_process and self.tensor_parallel_size == 1 and int(self.llm_kwargs.get("pipeline_parallel_size", 1)) == 1:
             try:
                 tensors = self._prepare_tensors(items, to_cpu=False)
                 res = self.llm.collective_rpc("aspo_reload_weights", kwargs={"weights": tensors, "retie": retie})
