@@ -83,6 +83,11 @@ class ASPOCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         check_config(cfg)
+        trainer = cfg.get("trainer")
+        if trainer is not None and trainer.get("enable_progress_bar") is False and trainer.get("callbacks"):
+            # `--trainer.enable_progress_bar=false` wins over a progress bar named in the config
+            trainer.callbacks = [cb for cb in trainer.callbacks
+                                 if not str(getattr(cb, "class_path", cb)).endswith("ProgressBar")]
 
     def instantiate_classes(self) -> None:
         try:

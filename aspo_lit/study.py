@@ -119,6 +119,7 @@ class Study:
     smooth: float = 0.6
     base_eval: bool = True
     prebuild_testbed: bool = True
+    model_path: str | None = None   # set by prebuild_testbed: every run gets the same built testbed
 
     @property
     def runs_dir(self) -> Path:
@@ -221,10 +222,11 @@ def command(run: Run, study: Study, resume: bool = False) -> list[str]:
     for config in study.base_config:
         argv += ["--config", str(config)]
     argv += list(study.overrides)
+    if study.model_path:
+        argv += [f"--model.model_name_or_path={study.model_path}"]
     argv += [f"--seed_everything={run.seed}", f"--data.init_args.seed={run.seed}", f"--model.seed={run.seed}",
              f"--trainer.logger.init_args.save_dir={study.runs_dir}",
-             f"--trainer.logger.init_args.name={run.name}",
-             "--trainer.enable_progress_bar=false"]
+             f"--trainer.logger.init_args.name={run.name}"]
     if run.kind == "fit":
         argv += [f"--model.loss={run.loss}", f"--trainer.max_steps={study.max_steps}"]
         if resume:
@@ -339,7 +341,9 @@ class Executor:
 
 
 def prebuild_testbed(study: Study, echo=print) -> int:
-    """Build (or find) the cached testbed once, so parallel runs never build it twice."""
+    """Build (or find) the cached testbed once, so parallel runs never build it twice, and pin its
+    folder for every run (``study.model_path``): all runs train the very same model even if the
+    testbed's defaults change while the study runs."""
     names = [a.split("=", 1)[1] for a in study.overrides if a.startswith("--model.model_name_or_path=")]
     if names and names[-1] != "testbed":
         return 0
@@ -347,8 +351,14 @@ def prebuild_testbed(study: Study, echo=print) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     echo(f"[study] testbed model (cached after the first build)  log: {log}")
     with open(log, "a") as handle:
-        return subprocess.call([sys.executable, "-m", "aspo_lit", "build-testbed"], cwd=str(REPO),
-                               env=_env(os.cpu_count() or 1), stdout=handle, stderr=subprocess.STDOUT)
+        proc = subprocess.run([sys.executable, "-m", "aspo_lit", "build-testbed"], cwd=str(REPO),
+                              env=_env(os.cpu_count() or 1), stdout=subprocess.PIPE, stderr=handle, text=True)
+        handle.write(proc.stdout)
+    for line in proc.stdout.splitlines():
+        if line.strip() and (Path(line.strip()) / "testbed.json").is_file():
+            study.model_path = line.strip()
+            echo(f"[study] testbed: {study.model_path}")
+    return proc.returncode
 
 
 # =========================================================================== metrics
@@ -658,7 +668,7 @@ def plot_overlays(results: Results, path: Path) -> Path:
             ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15, lw=0)
         ylabel = key if not is_accuracy else f"{key} (held-out)"
         ax.set(title=title if not is_accuracy else f"Held-out accuracy (avg@{results.val_k})",
-               xlabel="step (as logged)", ylabel=ylabel)
+               xlabel="training step (rollout batch, as logged)", ylabel=ylabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{study.name}: mean ± 1 std over seeds {study.seeds}"
@@ -756,7 +766,14 @@ def _budget_lines(results: Results) -> list[str]:
             f"* Data: arithmetic levels {data.get('levels')}, {data.get('num_train')} training problems; "
             f"held-out evaluation on {data.get('num_val')} problems × K = {data.get('val_k')} samples at "
             f"temperature {data.get('val_temperature')}, every {trainer.get('val_check_interval')} rollout "
-            f"batches and at the end.")
+            f"batches and at the end. A logged step (the figures' x axis) is one rollout batch.")
+    model = model.get("model_name_or_path")
+    if model:
+        meta = _read_json(Path(model) / "testbed.json") if Path(str(model)).is_dir() else {}
+        extra = (f" ({meta.get('num_parameters', 0) / 1e6:.2f}M parameters, warm-started for "
+                 f"{meta.get('sft_steps')} SFT steps)") if meta else ""
+        lines.append(f"* Model: `{_show(model) if Path(str(model)).is_dir() else model}`{extra}, the same "
+                     "folder for every run.")
     lines.append(f"* Parallelism: {study.jobs} runs at a time, {study.threads_per_job} thread(s) each "
                  f"(`OMP_NUM_THREADS`), on a machine with {os.cpu_count()} cores.")
     walls = [m.get("wall_s") for m in results.markers.values() if m.get("kind") == "fit" and m.get("wall_s")]
@@ -983,7 +1000,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ran:
             record = _read_json(study.out_dir / "study.json")
             record.setdefault("invocations", []).append({
-                "started": start, "wall_s": round(wall, 1), "jobs": study.jobs,
+                "model": study.model_path, "started": start, "wall_s": round(wall, 1), "jobs": study.jobs,
                 "threads": study.threads_per_job, "load_start": load, "load_end": os.getloadavg()[0],
                 "ran": ran, "failed": [o["name"] for o in failed],
                 "interrupted": executor.stop.is_set()})

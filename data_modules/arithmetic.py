@@ -3,17 +3,26 @@
 Records have the same shape as the staged math benchmarks (``../shared/data``)::
 
     {"id": "arith-L2-3f9c0a1b2d", "problem": "What is 3+4*5?", "answer": "23",
-     "level": 2, "solution": "4*5=20\\n3+20=23\\n\\boxed{23}"}
+     "level": 2, "solution": "4*5=20\\n20+3=23\\n\\boxed{23}"}
 
-Difficulty levels (every answer is a non-negative integer)::
+``solution`` is a short worked solution, one ``x op y = z`` step per line, ending with
+``\\boxed{answer}``; ``answer`` is a non-negative integer written as a string.
 
-    1  a+b or a-b          small numbers, one step
-    2  a+b*c               precedence, two steps
+Difficulty levels (operands are single digits; what grows is the number of steps)::
+
+    1  a+b or a-b          one step
+    2  a+b*c               precedence, two steps (b*c, then +a)
     3  (a-b)*c+d           brackets, three steps
 
-Each problem is phrased either as a bare expression or as a short word problem. The split
-(train / heldout) is a pure function of the *canonical expression* (``"3+4*5"``), so the same
-arithmetic never appears in both splits, whatever its phrasing and whatever the seed.
+Every step is a fact from a small table (one-digit sums/differences/products, or "product plus
+one digit"), so a tiny model can learn the tables from the train split and a held-out problem is a
+new *combination* of known facts. Each problem is phrased either as a bare expression or as a
+short word problem.
+
+Splits are a pure function of the problem, not of the seed: levels 2–3 are split by the hash of
+the canonical expression (``"3+4*5"``), so the same arithmetic never appears in both splits
+whatever its phrasing; level 1 (one step: the problem *is* a table fact) is split by the hash of
+its text.
 """
 from __future__ import annotations
 
@@ -83,15 +92,15 @@ def _steps_level1(rng: random.Random):
     if rng.random() < 0.5:
         a, b = rng.randint(1, 9), rng.randint(1, 9)
         return "add", {"a": a, "b": b}, f"{a}+{b}", [f"{a}+{b}={a + b}"], a + b
-    b = rng.randint(1, 9)
-    a = rng.randint(b + 1, b + 9)
+    a = rng.randint(2, 9)
+    b = rng.randint(1, a - 1)
     return "sub", {"a": a, "b": b}, f"{a}-{b}", [f"{a}-{b}={a - b}"], a - b
 
 
 def _steps_level2(rng: random.Random):
     a, b, c = rng.randint(1, 9), rng.randint(2, 9), rng.randint(2, 9)
     bc = b * c
-    return "l2", {"a": a, "b": b, "c": c}, f"{a}+{b}*{c}", [f"{b}*{c}={bc}", f"{a}+{bc}={a + bc}"], a + bc
+    return "l2", {"a": a, "b": b, "c": c}, f"{a}+{b}*{c}", [f"{b}*{c}={bc}", f"{bc}+{a}={bc + a}"], a + bc
 
 
 def _steps_level3(rng: random.Random):

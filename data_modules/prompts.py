@@ -36,7 +36,8 @@ def _check_row(row: Any, where: str, problem_key: str, answer_key: str) -> dict[
     if not isinstance(problem, str) or not problem.strip():
         raise BadRowError(f"{where}: field {problem_key!r} is missing or not a non-empty string")
     if not isinstance(answer, str) or not answer.strip():
-        kind = "missing" if answer is None else f"a {type(answer).__name__}, not a non-empty string"
+        kind = "missing" if answer is None else "empty" if isinstance(answer, str) else \
+            f"a {type(answer).__name__}, not a string"
         raise BadRowError(f"{where}: field {answer_key!r} is {kind}")
     return {"id": str(row.get("id", where)), "problem": problem, "answer": answer}
 
