@@ -34,8 +34,18 @@ demo: $(STAMP)
 	@$(PY) -m aspo_lit build-testbed
 	$(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml
 
+# PROFILE=paper (default): evaluate conf/table1.yaml's rows (GPU node), Table 1 beside the paper.
+# PROFILE=tiny: the same pipeline on the CPU testbed; trains the short GRPO/ASPO runs first unless
+# their last.ckpt exists.
 reproduce-table1: $(STAMP)
-	$(PY) -m aspo_lit table1 --config $(if $(filter tiny,$(PROFILE)),conf/tiny/table1.yaml,conf/table1.yaml) --compare-paper
+ifeq ($(PROFILE),tiny)
+	@for loss in grpo aspo; do \
+	  [ -f runs/tiny_$$loss/checkpoints/last.ckpt ] || $(PY) -m aspo_lit fit --config conf/tiny/$$loss.yaml || exit 1; \
+	done
+	$(PY) -m aspo_lit table1 --config conf/tiny/table1.yaml
+else
+	$(PY) -m aspo_lit table1 --config conf/table1.yaml --compare-paper
+endif
 
 figure2: $(STAMP)
 	$(PY) -m aspo_lit figure2 $(RUNS) --out runs/figure2

@@ -53,7 +53,7 @@ def export_checkpoint(ckpt_path, out_dir, torch_dtype: str | None = None) -> Pat
     """
     import torch
 
-    from aspo_lit.models import load_policy, load_tokenizer
+    from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path
 
     ckpt_path, out_dir = Path(ckpt_path), Path(out_dir)
     checkpoint = load_checkpoint(ckpt_path)
@@ -68,7 +68,12 @@ def export_checkpoint(ckpt_path, out_dir, torch_dtype: str | None = None) -> Pat
         raise ValueError(f"{ckpt_path}: no '{prefix}*' weights in its state_dict")
     dtype = torch_dtype or hparams.get("torch_dtype") or "float32"
     model = load_policy(base, dtype)
-    result = model.load_state_dict(state, strict=False)
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:   # shape mismatches raise even with strict=False
+        raise ValueError(f"{ckpt_path}: weights do not fit base model {base!r} (resolved to "
+                         f"{resolve_model_path(base)}; was it rebuilt or changed since "
+                         f"training?): {str(e).splitlines()[-1].strip()}") from None
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in result.missing_keys if k not in tied]
     if missing or result.unexpected_keys:
@@ -125,18 +130,22 @@ def model_fingerprint(model: str) -> str:
 
 
 def model_tag(model: str) -> str:
-    """Folder name of a model's results: `org__name` for a hub id, the folder name for a local
-    model, `<run>-<ckpt stem>-<fingerprint>` for a checkpoint (a retrained checkpoint gets new
-    results instead of stale ones)."""
-    path = Path(str(model)).expanduser()
-    if is_checkpoint(model):   # runs/<name>/version_N/checkpoints/last.ckpt -> <name>-version_N-last-...
+    """Folder name of a model's results: `org__name` for a hub id; for local weights their name
+    and fingerprint, `<folder>-<fp>` or `<run>-<ckpt stem>-<fp>`, so that retrained or rebuilt
+    weights (the testbed included) get fresh results instead of stale ones."""
+    from aspo_lit.models import TESTBED, resolve_model_path
+
+    model = str(model)
+    path = Path(model).expanduser()
+    if is_checkpoint(model):   # runs/<name>/checkpoints/last.ckpt -> <name>-last-<fp>
         run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
         run = f"{run.parent.name}-{run.name}" if run.name.startswith("version_") else run.name
         tag = f"{run}-{path.stem}-{model_fingerprint(model)[:8]}"
-    elif path.exists():
-        tag = path.resolve().name
+    elif model == TESTBED or path.exists():
+        local = Path(resolve_model_path(model)).resolve()
+        tag = f"{local.name}-{model_fingerprint(str(local))[:8]}"
     else:
-        tag = str(model).replace("/", "__")
+        tag = model.replace("/", "__")
     return re.sub(r"[^A-Za-z0-9._=+-]", "_", tag)
 
 

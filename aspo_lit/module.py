@@ -18,7 +18,7 @@ from torch import Tensor
 
 from aspo_lit.forward import response_logprobs
 from aspo_lit.losses import PolicyLoss, aggregate, agg_normalizer, effective_token_weight, get_policy_loss, kl_penalty
-from aspo_lit.models import load_policy, load_tokenizer, shard_decoder_layers
+from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_decoder_layers
 from aspo_lit.rollout.batch import RolloutBatch
 
 
@@ -93,9 +93,11 @@ class ASPOModule(LightningModule):
     ) -> None:
         super().__init__()
         _validate_hparams(locals())
+        self.loss_fn = get_policy_loss(loss, **(loss_kwargs or {})) if isinstance(loss, str) else loss
+        # Store the folder "testbed" resolves to, so a checkpoint names the exact weights it started from.
+        model_name_or_path = resolve_model_path(model_name_or_path)
         self.save_hyperparameters(ignore=["loss"])
         self.hparams["loss_name"] = loss if isinstance(loss, str) else type(loss).__name__
-        self.loss_fn = get_policy_loss(loss, **(loss_kwargs or {})) if isinstance(loss, str) else loss
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
         self.ref_policy: torch.nn.Module | None = None

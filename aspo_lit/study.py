@@ -226,7 +226,8 @@ def command(run: Run, study: Study, resume: bool = False) -> list[str]:
         argv += [f"--model.model_name_or_path={study.model_path}"]
     argv += [f"--seed_everything={run.seed}", f"--data.init_args.seed={run.seed}", f"--model.seed={run.seed}",
              f"--trainer.logger.init_args.save_dir={study.runs_dir}",
-             f"--trainer.logger.init_args.name={run.name}"]
+             f"--trainer.logger.init_args.name={run.name}",
+             "--trainer.enable_progress_bar=false"]
     if run.kind == "fit":
         argv += [f"--model.loss={run.loss}", f"--trainer.max_steps={study.max_steps}"]
         if resume:
@@ -841,8 +842,11 @@ def render_report(results: Results, figures: Mapping[str, Path]) -> str:
                 "max": "max over the run"}[claim.statistic]
         scale = 100.0 if claim.metric == ACCURACY else 1.0
         unit = " (%)" if scale != 1.0 else ""
-        if v.verdict == "no data":
-            detail = f"no data for {label(claim.higher)} and/or {label(claim.lower)}"
+        missing = [x for x in (claim.higher, claim.lower) if x not in study.losses]
+        if missing:
+            detail = f"not tested: {', '.join(label(x) for x in missing)} not in this study"
+        elif v.verdict == "no data":
+            detail = f"no finished run logged `{claim.metric}` for {label(claim.higher)} and/or {label(claim.lower)}"
         else:
             detail = (f"`{metric}`{unit} ({stat}) {label(claim.higher)} "
                       f"{_mean_std(per_seed(results, claim.higher, claim.metric, claim.statistic), scale)}"
@@ -850,6 +854,10 @@ def render_report(results: Results, figures: Mapping[str, Path]) -> str:
                       f"{_mean_std(per_seed(results, claim.lower, claim.metric, claim.statistic), scale)}"
                       f" (n = {v.n_higher}/{v.n_lower}); difference {_fmt(v.diff * scale, scale != 1.0)}, "
                       f"2×SE = {_fmt(v.margin * scale, scale != 1.0)}")
+        values = [x for loss in (claim.higher, claim.lower)
+                  for x in per_seed(results, loss, claim.metric, claim.statistic) if math.isfinite(x)]
+        if len(values) > 1 and max(values) == min(values):
+            detail += f" — no signal: the metric is {_fmt(values[0])} in every run"
         lines.append(f"* **({claim.id}) {claim.text}** ({claim.source}) — **{v.verdict}**: {detail}.")
     lines.append("")
 
@@ -886,6 +894,23 @@ def render_report(results: Results, figures: Mapping[str, Path]) -> str:
     lines.append("")
     lines.append("`health` is each run's `health.json` verdict (`HealthMonitor`, App. D: healthy / watch / "
                  "collapsed).")
+    lines.append("")
+
+    # ---- per-seed values
+    columns = [("train/entropy", "tail_mean", 1.0), ("train/repetition_rate", "tail_mean", 1.0),
+               ("clip/pos_high", "tail_mean", 1.0), ("train/kl", "tail_mean", 1.0),
+               ("train/grad_norm", "max", 1.0), (ACCURACY, "last_eval", 100.0)]
+    names = [f"{m if m != ACCURACY else results.accuracy_key} ({'max' if st == 'max' else 'final'})"
+             for m, st, _ in columns]
+    lines += [f"Per-seed values entering the verdicts (seeds {' / '.join(map(str, study.seeds))}; "
+              "accuracy in %):", "",
+              "| loss | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for loss in study.losses:
+        cells = []
+        for metric, statistic, scale in columns:
+            vals = per_seed(results, loss, metric, statistic)
+            cells.append(" / ".join(_fmt(x * scale, scale != 1.0) for x in vals))
+        lines.append(f"| {label(loss)} | " + " | ".join(cells) + " |")
     lines.append("")
 
     # ---- Fig. 4
@@ -987,7 +1012,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[study] {study.name}: {len(runs)} runs ({len(runs) - len(todo)} done), {study.jobs} at a time, "
               f"{study.threads_per_job} thread(s) each; out_dir {study.out_dir}", flush=True)
         start, load = time.time(), os.getloadavg()[0]
-        if todo and study.prebuild_testbed:
+        if not todo:
+            args.report_only = True  # nothing to run: only the report
+    if not args.report_only:
+        if study.prebuild_testbed:
             if prebuild_testbed(study) != 0:
                 print(f"[study] building the testbed failed; see {study.logs_dir / 'build_testbed.log'}",
                       file=sys.stderr)

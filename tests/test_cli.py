@@ -76,8 +76,10 @@ def test_omegaconf_interpolation(tmp_path, capsys):
 def test_invalid_config_names_the_key(override, key, capsys, monkeypatch):
     # Must fail before any model loads: make loading impossible, so a late failure would differ.
     import aspo_lit.models as models
+    import aspo_lit.module as module
 
-    monkeypatch.setattr(models, "resolve_model_path", lambda name: pytest.fail("a model was loaded"))
+    for where in (models, module):
+        monkeypatch.setattr(where, "resolve_model_path", lambda name: pytest.fail("a model was loaded"))
     code, text = _run(["fit", "--config", TINY, override], capsys)
     assert code == 2, text
     message = [line for line in text.splitlines() if line.startswith("aspo-lit: config error:")]

@@ -47,13 +47,18 @@ class RunSummary(Callback):
             f"  entropy          {_first_last(_metric_series(metrics_csv, 'train/entropy'))}",
         ]
         lines += [f"  {k:<16} {_first_last(_metric_series(metrics_csv, k))}" for k in val_keys]
+        figures = log_dir / "figures"
+        if metrics_csv.exists():
+            from aspo_lit.callbacks.figures import plot_figure2
+
+            plot_figure2([str(log_dir)], str(figures / "figure2"), labels=[pl_module.hparams.loss_name])
         health = log_dir / "health.json"
         if health.exists():
             verdict = json.loads(health.read_text())
             lines.append(f"  health           {verdict.get('verdict')}: {verdict.get('reason')}")
         lines += [
             f"  metrics (CSV)    {metrics_csv}",
-            f"  figures          {log_dir / 'figures'}",
+            f"  figures          {figures}  (figure2.png: Fig. 2 panels; token_weights_*.png: Fig. 4)",
             f"  config           {log_dir / 'config.yaml'}",
         ]
         ckpt = trainer.checkpoint_callback
