@@ -96,7 +96,10 @@ class ASPOModule(LightningModule):
         self.loss_fn = get_policy_loss(loss, **(loss_kwargs or {})) if isinstance(loss, str) else loss
         # Store the folder "testbed" resolves to, so a checkpoint names the exact weights it started from.
         model_name_or_path = resolve_model_path(model_name_or_path)
-        self.save_hyperparameters(ignore=["loss"])
+        # `seed` (mini-batch shuffles) is kept out of hparams: the logger merges module and
+        # DataModule hparams and refuses one key with two values (the DataModule has its own seed).
+        self.save_hyperparameters(ignore=["loss", "seed"])
+        self.seed = seed
         self.hparams["loss_name"] = loss if isinstance(loss, str) else type(loss).__name__
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
@@ -201,7 +204,7 @@ class ASPOModule(LightningModule):
 
         t0 = time.perf_counter()
         num_groups = batch.input_ids.shape[0] // batch.group_size
-        generator = torch.Generator().manual_seed(_derived_seed(self.hparams.seed, self.global_step, batch_idx))
+        generator = torch.Generator().manual_seed(_derived_seed(self.seed, self.global_step, batch_idx))
         groups_per_minibatch = max(1, self.hparams.mini_batch_size // self.trainer.world_size)
         for _ in range(self.hparams.ppo_epochs):
             for groups in _group_minibatches(num_groups, groups_per_minibatch, generator):

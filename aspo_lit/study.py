@@ -22,7 +22,7 @@ working directory)::
     base_config: ../tiny/aspo.yaml   # fit config (str or list, composed left to right)
     losses: [grpo, grpo_no_is, grpo_pos_mean, aspo, aspo_no_dual_clip]
     seeds: [0, 1, 2]
-    max_steps: 160                # optimizer steps of every run
+    max_steps: 256                # optimizer steps of every run
     overrides: ["--data.init_args.levels=[1,2,3]", ...]   # CLI overrides for every fit/validate
     out_dir: runs/study           # runs, logs, markers
     jobs: 2                       # runs in parallel
@@ -31,6 +31,8 @@ working directory)::
     tail_fraction: 0.2            # "final" train metric = mean over the last 20% of logged steps
     smooth: 0.6                   # EMA weight of the plotted curves (display only)
     base_eval: true               # validate the untrained model once per seed
+    prebuild_testbed: true        # build/find the testbed once, pin its folder for every run
+    model_path: null              # (set by the prebuild) the model folder every run gets
 
 Resumable: a run whose ``done`` marker exists is skipped, a run with ``checkpoints/last.ckpt`` but
 no marker continues with ``--ckpt_path last`` (its metrics are merged over version folders by
@@ -583,6 +585,8 @@ def collect(study: Study) -> Results:
             if (version / "health.json").is_file():
                 health[run.name] = _read_json(version / "health.json")
                 break
+    # only finished runs enter the figures, tables and verdicts (a partial run's last value is not final)
+    metrics = {name: (m if status[name] == "done" else {}) for name, m in metrics.items()}
     fits = [m for name, m in metrics.items() if m]
     accuracy_key = _accuracy_key(fits) if fits else "val/avg@4"
     if not accuracy_key.startswith("val/"):
@@ -790,6 +794,13 @@ def _budget_lines(results: Results) -> list[str]:
                      + ", ".join(f"{label(k)} {v / 60:.1f}" for k, v in by_loss.items()) + " min.")
     step_s = [float(np.mean(results.metrics[n]["timing/step_s"][1])) for n in fit_names
               if "timing/step_s" in results.metrics.get(n, {})]
+    lengths = [float(np.mean(results.metrics[n]["response/length_mean"][1])) for n in fit_names
+               if "response/length_mean" in results.metrics.get(n, {})]
+    longest = [max_value(results.metrics[n].get("response/length_max")) for n in fit_names
+               if "response/length_max" in results.metrics.get(n, {})]
+    if lengths:
+        lines.append(f"* Measured response length: {np.mean(lengths):.1f} tokens on average, longest "
+                     f"{max(longest):.0f} (`response/length_mean`, `response/length_max`).")
     if step_s:
         lines.append(f"* Mean training-step time (rollout + update, `timing/step_s`): {np.mean(step_s):.1f} s.")
     if results.invocations:
@@ -836,7 +847,13 @@ def render_report(results: Results, figures: Mapping[str, Path]) -> str:
               "it is in the claimed direction and larger than 2 × the pooled standard error "
               "(pooled variance, SE = s_p·√(1/n₁ + 1/n₂)); **not supported** when it is in the opposite "
               "direction by that margin; **inconclusive** otherwise (and with fewer than 2 seeds).", ""]
-    for claim, v in judge(results):
+    judged = judge(results)
+    counts = defaultdict(int)
+    for _, v in judged:
+        counts[v.verdict] += 1
+    lines += ["Summary: " + ", ".join(f"{n} {w}" for w, n in sorted(counts.items(), key=lambda x: -x[1]))
+              + f" (of {len(judged)} claim lines).", ""]
+    for claim, v in judged:
         metric = f"val/avg@{k}" if claim.metric == ACCURACY else claim.metric
         stat = {"tail_mean": f"last-{study.tail_fraction:.0%} mean", "last_eval": "last evaluation",
                 "max": "max over the run"}[claim.statistic]
@@ -962,7 +979,8 @@ def render_report(results: Results, figures: Mapping[str, Path]) -> str:
                 f = results.failures.get(name, {})
                 lines.append(f"* `{name}`: **failed** (exit {f.get('rc')}), log `{f.get('log')}`")
             else:
-                lines.append(f"* `{name}`: {s} (not finished; rerun the study to resume it)")
+                lines.append(f"* `{name}`: {s} (not finished, left out of the figures and verdicts; "
+                             "rerun the study to resume it)")
     lines.append("")
     return "\n".join(lines)
 

@@ -11,9 +11,10 @@ own policy on first use:
    reloads never leave a stale packed ``lm_head``; head_dim 32, which vLLM's CPU attention
    supports);
 3. supervised warm start on prompt → worked solution (loss on response tokens only), stopped as
-   soon as its *sampled* accuracy (temperature 1.0) on held-out problems reaches
-   ``stop_accuracy`` — so GRPO/ASPO groups contain both correct and wrong answers (eq. 1 needs
-   reward variance within a group).
+   soon as its expected sampled accuracy at temperature 1.0 on held-out problems (the probability
+   of reproducing the worked solution, one forward pass) reaches ``stop_accuracy``; the reported
+   accuracy is then measured by real sampling on other held-out problems — so GRPO/ASPO groups
+   contain both correct and wrong answers (eq. 1 needs reward variance within a group).
 
 The result is saved with ``save_pretrained`` into ``<cache_dir>/testbed-<confighash>/`` with a
 ``testbed.json`` summary, built in a temporary folder and renamed into place, and reused until the
@@ -33,7 +34,7 @@ import shutil
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -57,7 +58,7 @@ __all__ = [
 INSTRUCTION = " Let's think step by step and output the final answer within \\boxed{}."
 
 #: Bump when the build procedure changes in a way that changes the artefact.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 SYSTEM, USER, ASSISTANT = "<|system|>", "<|user|>", "<|assistant|>"
@@ -459,9 +460,11 @@ def _sft(model, tokenizer, config: TestbedConfig, train_rows, dev_rows, log) -> 
             history["evals"].append({"step": step, "expected_accuracy": round(expected, 4),
                                      "loss": round(loss.item(), 4),
                                      "elapsed_s": round(time.perf_counter() - t0, 1)})
-            log(f"[testbed] step {step:4d}  loss {loss.item():.3f}  expected dev acc@T="
-                f"{config.temperature} {expected:.3f}  {time.perf_counter() - t0:.0f}s")
-            if expected >= config.stop_accuracy:
+            done = expected >= config.stop_accuracy
+            if done or step % 100 == 0 or step == config.sft_max_steps:
+                log(f"[testbed] step {step:4d}  loss {loss.item():.3f}  expected held-out acc@T="
+                    f"{config.temperature} {expected:.3f}  {time.perf_counter() - t0:.0f}s")
+            if done:
                 break
     history["steps"] = step
     history["sft_seconds"] = round(time.perf_counter() - t0, 1)
@@ -499,6 +502,12 @@ def _build_into(out: Path, config: TestbedConfig, log) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    # transformers 5 writes its internal class name; the public alias loads the same tokenizer
+    # (tokenizer.json as saved) and is also understood by older readers
+    tok_cfg_path = out / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_path.read_text())
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
     build_seconds = time.perf_counter() - t0
     summary = {
         "name": "aspo-lit arithmetic testbed",

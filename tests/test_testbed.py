@@ -150,6 +150,8 @@ def test_tiny_build_layout_and_cache(tiny_testbed):
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "generation_config.json", "testbed.json"} <= names
     assert not [p for p in cache.iterdir() if p.name.startswith(".")], "temp folder left behind"
+    assert json.loads((path / "tokenizer_config.json").read_text())["tokenizer_class"] == \
+        "PreTrainedTokenizerFast"
     meta = json.loads((path / "testbed.json").read_text())
     assert meta["config_hash"] == config_hash(config) and meta["config"]["seed"] == config.seed
     assert meta["num_parameters"] > 0 and 0.0 <= meta["heldout"]["accuracy"] <= 1.0
