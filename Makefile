@@ -21,8 +21,7 @@ setup: $(STAMP)
 
 # Default suite (< 10 min on 2 cores). CI (CI=true) also runs the slow end-to-end tests.
 test: $(STAMP)
-	@if [ "$$CI" = "true" ]; then marks=""; else marks="-m 'not slow'"; fi; \
-	eval $(PY) -m pytest -q $$marks $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(if $(filter true,$(CI)),,-m "not slow") $(PYTEST_ARGS)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
