@@ -115,6 +115,7 @@ class ASPOModule(LightningModule):
         if self.policy is not None:
             return
         self.policy = load_policy(self.hparams.model_name_or_path, self.hparams.torch_dtype)
+        self.policy.train()  # from_pretrained returns eval mode; HF checkpointing only runs in train mode
         if self.hparams.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.hparams.kl_coef > 0:

@@ -801,8 +801,11 @@ def _budget_lines(results: Results) -> list[str]:
     if lengths:
         lines.append(f"* Measured response length: {np.mean(lengths):.1f} tokens on average, longest "
                      f"{max(longest):.0f} (`response/length_mean`, `response/length_max`).")
-    if step_s:
-        lines.append(f"* Mean training-step time (rollout + update, `timing/step_s`): {np.mean(step_s):.1f} s.")
+    rollout_s = [float(np.mean(results.metrics[n]["timing/rollout_s"][1])) for n in fit_names
+                 if "timing/rollout_s" in results.metrics.get(n, {})]
+    if step_s and rollout_s:
+        lines.append(f"* Mean time per rollout batch: generation {np.mean(rollout_s):.1f} s (`timing/rollout_s`) "
+                     f"+ old log-probs and updates {np.mean(step_s):.1f} s (`timing/step_s`).")
     if results.invocations:
         total = sum(inv.get("wall_s", 0.0) for inv in results.invocations)
         loads = [inv.get("load_start") for inv in results.invocations if inv.get("load_start") is not None]
@@ -811,6 +814,30 @@ def _budget_lines(results: Results) -> list[str]:
             f"invocation(s) of `python -m aspo_lit study` (load average at start: "
             + ", ".join(f"{x:.1f}" for x in loads) + ").")
     return lines
+
+
+def _regime_lines(results: Results) -> list[str]:
+    """How far off-policy the updates were: the range of the per-step mean IS ratios and the
+    largest dual-clip fractions over all finished runs (what the losses can differ on)."""
+    study = results.study
+    runs = [results.metrics.get(f"{loss}_s{s}", {}) for loss in study.losses for s in study.seeds]
+
+    def span(key):
+        v = np.concatenate([m[key][1] for m in runs if key in m]) if any(key in m for m in runs) else np.array([])
+        return (float(v.min()), float(v.max())) if v.size else None
+
+    pos, neg = span("ratio/pos_mean"), span("ratio/neg_mean")
+    dual = [span(k) for k in ("clip/pos_dual", "clip/neg_dual")]
+    if pos is None and neg is None:
+        return []
+    text = ("Off-policy regime, over every step of every run: the mean IS ratio of the A > 0 tokens "
+            f"(`ratio/pos_mean`) stayed within [{_fmt(pos[0]) if pos else 'n/a'}, {_fmt(pos[1]) if pos else 'n/a'}]"
+            f", of the A < 0 tokens (`ratio/neg_mean`) within [{_fmt(neg[0]) if neg else 'n/a'}, "
+            f"{_fmt(neg[1]) if neg else 'n/a'}]")
+    if any(dual):
+        text += ("; the largest share of dual-clipped tokens in a step was "
+                 + ", ".join(f"{_fmt(d[1])} (`{k}`)" for d, k in zip(dual, ("clip/pos_dual", "clip/neg_dual")) if d))
+    return [text + ".", ""]
 
 
 def render_report(results: Results, figures: Mapping[str, Path]) -> str:
@@ -873,8 +900,12 @@ def render_report(results: Results, figures: Mapping[str, Path]) -> str:
                       f"2×SE = {_fmt(v.margin * scale, scale != 1.0)}")
         values = [x for loss in (claim.higher, claim.lower)
                   for x in per_seed(results, loss, claim.metric, claim.statistic) if math.isfinite(x)]
+        hi = per_seed(results, claim.higher, claim.metric, claim.statistic)
+        lo = per_seed(results, claim.lower, claim.metric, claim.statistic)
         if len(values) > 1 and max(values) == min(values):
             detail += f" — no signal: the metric is {_fmt(values[0])} in every run"
+        elif values and all(math.isfinite(a) and a == b for a, b in zip(hi, lo)):
+            detail += f" — the two losses gave identical values for every seed"
         lines.append(f"* **({claim.id}) {claim.text}** ({claim.source}) — **{v.verdict}**: {detail}.")
     lines.append("")
 
@@ -912,6 +943,7 @@ def render_report(results: Results, figures: Mapping[str, Path]) -> str:
     lines.append("`health` is each run's `health.json` verdict (`HealthMonitor`, App. D: healthy / watch / "
                  "collapsed).")
     lines.append("")
+    lines += _regime_lines(results)
 
     # ---- per-seed values
     columns = [("train/entropy", "tail_mean", 1.0), ("train/repetition_rate", "tail_mean", 1.0),
@@ -934,8 +966,10 @@ def render_report(results: Results, figures: Mapping[str, Path]) -> str:
     lines += ["## Token-weight surfaces (Fig. 4)", ""]
     if figures.get("fig4_grpo") or figures.get("fig4_aspo"):
         lines.append(f"The last `token_weights_step*.png` of seed {study.seeds[0]}: the mean effective "
-                     "token weight per (π_old, π) bin, A > 0 left, A < 0 right. GRPO's A > 0 weight grows "
-                     "toward the top-left (π ≫ π_old); ASPO's flipped weight toward the bottom-right.")
+                     "token weight per (π_old, π) bin, A > 0 left, A < 0 right (the last window of steps only). "
+                     "What the paper's Fig. 4 shows off the diagonal: GRPO's A > 0 weight grows toward "
+                     "the top-left (π ≫ π_old), ASPO's flipped weight toward the bottom-right. How far "
+                     "tokens get from the diagonal at all is the off-policy regime line above.")
         lines.append("")
         for loss in ("grpo", "aspo"):
             if figures.get(f"fig4_{loss}"):
