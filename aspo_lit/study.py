@@ -267,7 +267,6 @@ class Executor:
         self.stop = threading.Event()
         self.live: set[subprocess.Popen] = set()
         self.lock = threading.Lock()
-        self.results: dict[str, dict[str, Any]] = {}
 
     def run_one(self, run: Run) -> dict[str, Any]:
         study = self.study

@@ -42,7 +42,7 @@ def fit_args(model: str, save_dir: Path, name: str, max_steps: int, *extra: str)
 def read_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
     """step -> metrics, merged over every version folder of an experiment (resumed runs add one)."""
     by_step: dict[int, dict[str, float]] = {}
-    for path in sorted(run_dir.glob("version_*/metrics.csv")):
+    for path in sorted(run_dir.glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
         with path.open() as handle:
             for row in csv.DictReader(handle):
                 values = {k: float(v) for k, v in row.items() if v not in ("", None) and k != "step"}
