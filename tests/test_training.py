@@ -113,5 +113,6 @@ def test_heldout_accuracy_rises(testbed, tmp_path):
         return [row["val/avg@4"] for _, row in sorted(rows.items()) if "val/avg@4" in row]
 
     start, during = accuracy("base"), accuracy("learn")
-    assert len(start) == 1 and len(during) == 2
-    assert during[-1] > start[0], (start, during)
+    # 60 optimizer steps at 2 per rollout batch = 30 batches: one evaluation, after batch 30
+    assert len(start) == 1 and len(during) == 1
+    assert during[-1] > start[0] + 0.03, (start, during)
