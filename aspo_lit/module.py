@@ -99,6 +99,7 @@ class ASPOModule(LightningModule):
         # `seed` (mini-batch shuffles) is kept out of hparams: the logger merges module and
         # DataModule hparams and refuses one key with two values (the DataModule has its own seed).
         self.save_hyperparameters(ignore=["loss", "seed"])
+        self.hparams["model_name_or_path"] = model_name_or_path  # LightningCLI saves the unresolved config value
         self.seed = seed
         self.hparams["loss_name"] = loss if isinstance(loss, str) else type(loss).__name__
         self.automatic_optimization = False
