@@ -20,18 +20,11 @@ from aspo_lit.forward import response_logprobs
 from aspo_lit.losses import PolicyLoss, aggregate, agg_normalizer, effective_token_weight, get_policy_loss, kl_penalty
 from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_decoder_layers
 from aspo_lit.rollout.batch import RolloutBatch
+from aspo_lit.seeding import derived_seed
 
 
 class NonFiniteTrainingError(RuntimeError):
     """Raised after `max_nonfinite_steps` consecutive optimizer steps with a non-finite loss or grad norm."""
-
-
-def _derived_seed(*parts: int) -> int:
-    """A deterministic seed from integers (for the mini-batch shuffle of a given step)."""
-    seed = 0
-    for part in parts:
-        seed = (seed * 1_000_003 + int(part)) % (2**31 - 1)
-    return seed
 
 
 def _group_minibatches(num_groups: int, groups_per_minibatch: int, generator: torch.Generator) -> list[Tensor]:
@@ -206,7 +199,7 @@ class ASPOModule(LightningModule):
 
         t0 = time.perf_counter()
         num_groups = batch.input_ids.shape[0] // batch.group_size
-        generator = torch.Generator().manual_seed(_derived_seed(self.seed, self.global_step, batch_idx))
+        generator = torch.Generator().manual_seed(derived_seed(self.seed, self.global_step, batch_idx))
         groups_per_minibatch = max(1, self.hparams.mini_batch_size // self.trainer.world_size)
         for _ in range(self.hparams.ppo_epochs):
             for groups in _group_minibatches(num_groups, groups_per_minibatch, generator):

@@ -18,16 +18,10 @@ from lightning.pytorch import LightningDataModule
 from aspo_lit.advantages import group_advantages
 from aspo_lit.prompts import encode_prompt
 from aspo_lit.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_engine, pack_rollouts
+from aspo_lit.seeding import derived_seed
 from data_modules.prompts import PromptBatches, load_rows
 
 log = logging.getLogger(__name__)
-
-
-def _derived_seed(*parts: int) -> int:
-    seed = 0
-    for part in parts:
-        seed = (seed * 1_000_003 + int(part)) % (2**31 - 1)
-    return seed
 
 
 class MathRLDataModule(LightningDataModule):
@@ -192,7 +186,7 @@ class MathRLDataModule(LightningDataModule):
             return batch
         if self.trainer.training:
             counter = self.train_batches.mark_consumed()
-            return self.rollout(self._rank_share(batch), seed=_derived_seed(self.hparams.seed, counter))
+            return self.rollout(self._rank_share(batch), seed=derived_seed(self.hparams.seed, counter))
         return self.evaluate(batch)
 
     def _generate(self, records, n: int, sampling: SamplingConfig):
