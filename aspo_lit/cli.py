@@ -1,17 +1,27 @@
 """ASPOCLI: LightningCLI with omegaconf interpolation, composable configs and early config checks.
 
-A config may name a base config with a top-level `config: base.yaml` key (jsonargparse reads it
-first, the rest of the file overrides it), and several `--config` files compose left to right:
+Several `--config` files compose left to right (lists such as `trainer.callbacks` are replaced,
+not merged):
 
     python -m aspo_lit fit --config conf/aspo.yaml --config conf/ablations/cispo.yaml
+
+A config may name its base with a top-level `config: base.yaml` key (a path relative to the
+file, or a list of them). `expand_base_configs` turns it into explicit composition before
+jsonargparse parses anything: `--config conf/grpo.yaml` becomes
+`--config conf/aspo.yaml --config conf/grpo.yaml`, so every key the derived file does not write
+keeps the base's value. (jsonargparse itself ignores a nested `config:` key.)
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import argparse
+import sys
 import warnings
+
+import yaml
 
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.cli import LightningCLI
@@ -49,8 +59,72 @@ def check_config(cfg: Any) -> None:
     trainer = cfg.get("trainer", {})
     devices = trainer.get("devices")
     world = (devices if isinstance(devices, int) and devices > 0 else 1) * (trainer.get("num_nodes") or 1)
-    if batch and mini and world > 1 and mini % world:
-        raise ConfigError(f"model.mini_batch_size={mini} must be divisible by the number of processes ({world})")
+    if batch and world > 1 and batch % world:
+        raise ConfigError(f"data.batch_size={batch} prompts must be divisible by the number of processes ({world})")
+    if mini and group and world > 1 and (mini * group) % world:
+        raise ConfigError(f"model.mini_batch_size={mini} prompts x data.group_size={group} responses must be "
+                          f"divisible by the number of processes ({world})")
+    precision = str(trainer.get("precision") or "")
+    dtype = str(model.get("torch_dtype") or "float32")
+    lr = model.get("lr")
+    if (precision.endswith("-true") and precision[:2] in ("bf", "16")) or dtype in ("bfloat16", "float16"):
+        if lr is not None and lr < 1e-4:
+            half = precision if precision.endswith("-true") and precision[:2] in ("bf", "16") else dtype
+            raise ConfigError(
+                f"half-precision weights ({'trainer.precision' if half == precision else 'model.torch_dtype'}={half}) "
+                f"cannot take AdamW steps of model.lr={lr}: most updates round away. Keep fp32 master weights "
+                "(trainer.precision: 32-true, model.torch_dtype: float32) and compute in bf16 with "
+                "trainer.strategy: aspo_lit.strategy.FSDP2Strategy (param_dtype: bfloat16)")
+
+
+def _bases(path: Path) -> list[Path]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return []  # jsonargparse reports an unreadable config itself, naming the file
+    base = data.get("config") if isinstance(data, dict) else None
+    if base is None:
+        return []
+    names = base if isinstance(base, list) else [base]
+    if not all(isinstance(name, str) for name in names):
+        raise ConfigError(f"{path}: 'config' must name a base config file (or a list of them), got {base!r}")
+    found = [(path.parent / name) for name in names]
+    for base_path in found:
+        if not base_path.is_file():
+            raise ConfigError(f"{path}: base config {str(base_path)!r} (from 'config: {base}') does not exist")
+    return found
+
+
+def _with_bases(path: Path, chain: tuple[Path, ...] = ()) -> list[Path]:
+    """`path` preceded by its bases (depth first, left to right); a cycle is an error."""
+    if path.resolve() in chain:
+        raise ConfigError(f"config files include each other: {' -> '.join(map(str, chain + (path.resolve(),)))}")
+    out: list[Path] = []
+    for base in _bases(path):
+        out += _with_bases(base, chain + (path.resolve(),))
+    return out + [path]
+
+
+def expand_base_configs(argv: list[str]) -> list[str]:
+    """Replace every `--config FILE` whose YAML names a base (`config: base.yaml`) by the chain
+    `--config BASE ... --config FILE`, bases first."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--config" and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+        elif word.startswith("--config="):
+            value, i = word.split("=", 1)[1], i + 1
+        else:
+            out.append(word)
+            i += 1
+            continue
+        path = Path(value)
+        chain = _with_bases(path) if path.is_file() else [value]
+        for item in chain:
+            out += ["--config", str(item)]
+    return out
 
 
 class _HelpFormatter(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -61,6 +135,10 @@ class ASPOCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, epilog: str | None = None, **kwargs: Any) -> None:
         parser_kwargs = {"parser_mode": "omegaconf", "epilog": epilog, "formatter_class": _HelpFormatter}
         parser_kwargs.update({cmd: {"parser_mode": "omegaconf"} for cmd in ("fit", "validate", "test", "predict")})
+        if args is None:  # LightningCLI warns when given args while sys.argv has words of its own
+            sys.argv[1:] = expand_base_configs(sys.argv[1:])
+        else:
+            args = expand_base_configs(list(args))
         super().__init__(
             ASPOModule,
             MathRLDataModule,

@@ -52,13 +52,18 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def shard_decoder_layers(model: torch.nn.Module, mesh) -> None:
-    """FSDP2: `fully_shard` each decoder layer, then the root (policy and reference alike)."""
-    from torch.distributed.fsdp import fully_shard
+def shard_decoder_layers(model: torch.nn.Module, mesh, mp_policy=None) -> None:
+    """FSDP2: `fully_shard` each decoder layer, then the root (policy and reference alike).
 
+    `mp_policy` (FSDP2 `MixedPrecisionPolicy`) casts the fp32 master weights to the compute dtype
+    when a layer is gathered and reduces gradients in its `reduce_dtype`.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp_policy = mp_policy or MixedPrecisionPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

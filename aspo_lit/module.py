@@ -27,15 +27,30 @@ class NonFiniteTrainingError(RuntimeError):
     """Raised after `max_nonfinite_steps` consecutive optimizer steps with a non-finite loss or grad norm."""
 
 
-def _group_minibatches(num_groups: int, groups_per_minibatch: int, generator: torch.Generator) -> list[Tensor]:
-    """Shuffled prompt-group indices split into mini-batches of `groups_per_minibatch` groups."""
-    order = torch.randperm(num_groups, generator=generator)
-    return [order[i : i + groups_per_minibatch] for i in range(0, num_groups, groups_per_minibatch)]
+def minibatch_rows(num_rows: int, rows_per_minibatch: int, generator: torch.Generator | None = None) -> list[Tensor]:
+    """This rank's response rows split into mini-batches of `rows_per_minibatch` consecutive rows.
+
+    As verl's actor (and the authors' code built on it): the rollout batch's prompts are already in
+    random order, and each optimizer step takes the next slice. With contiguous slices, rank r's
+    j-th slice is exactly its share of the global j-th slice, so the optimizer steps do not depend
+    on the number of processes. A `generator` shuffles the rows first (standard PPO; then the
+    steps do depend on the world size).
+    """
+    order = torch.randperm(num_rows, generator=generator) if generator is not None else torch.arange(num_rows)
+    return [order[i : i + rows_per_minibatch] for i in range(0, num_rows, rows_per_minibatch)]
 
 
-def _rows_of_groups(groups: Tensor, group_size: int) -> Tensor:
-    """Response-row indices of the given prompt groups (rows are group-contiguous)."""
-    return (groups[:, None] * group_size + torch.arange(group_size)[None, :]).reshape(-1)
+def rows_per_minibatch(mini_batch_size: int, group_size: int, world_size: int) -> int:
+    """Responses per rank per optimizer step: `mini_batch_size` prompts x G responses over all ranks.
+
+    Counted in responses, as verl does (`ppo_mini_batch_size * n // world_size`), so a mini-batch of
+    16 prompts works on 32 GPUs (8 responses each) without changing its size.
+    """
+    rows = mini_batch_size * group_size
+    if rows % world_size:
+        raise ValueError(f"model.mini_batch_size={mini_batch_size} prompts x data.group_size={group_size} = {rows} "
+                         f"responses cannot be split evenly over {world_size} processes")
+    return rows // world_size
 
 
 class ASPOModule(LightningModule):
@@ -50,15 +65,23 @@ class ASPOModule(LightningModule):
             ``dual_clip``, ``loss_agg``, ``eps_high_entropy``, ...).
         kl_coef: beta of the KL-to-reference term (0 disables it and the reference model).
         kl_kind: ``k1``, ``k2`` or ``k3`` (``low_var_kl``, the paper's).
-        lr, betas, weight_decay, warmup_steps: AdamW with linear warm-up, then constant.
+        lr, betas, weight_decay: AdamW.
+        warmup_steps: linear LR warm-up, counted in rollout batches (the scheduler steps once per
+            rollout batch, as verl and the authors' Archer2.0 code), then constant.
         max_grad_norm: gradient-norm clip per optimizer step.
         ppo_epochs: passes over each rollout batch (the authors' code uses 3; the paper implies 1).
-        mini_batch_size: prompts per optimizer step (paper: 16 of a 64-prompt batch).
+        mini_batch_size: prompts per optimizer step over all ranks (paper: 16 of a 64-prompt batch),
+            split in responses: each rank takes ``mini_batch_size * G / world_size`` of its rows.
+        shuffle_mini_batches: shuffle each rank's rows before every epoch's mini-batch split
+            (``seed``); default off, as verl and the authors' code, which keeps the optimizer steps
+            independent of the number of processes.
         micro_batch_size: responses per forward/backward (memory only; the gradient does not change).
         temperature: the rollout sampling temperature; log-probs are of the tempered distribution.
         logprob_chunk_size: sequence positions per chunk of the log-softmax / entropy maths.
         gradient_checkpointing: recompute activations in the backward pass.
-        torch_dtype: dtype of the loaded weights (``float32`` on CPU, ``bfloat16`` for FSDP on GPU).
+        torch_dtype: dtype of the loaded (master) weights and optimizer states. Keep ``float32``:
+            bf16 compute comes from the strategy (`aspo_lit.strategy.FSDP2Strategy(param_dtype=
+            "bfloat16")`); pure bf16 weights do not move at the paper's lr of 1e-6.
         max_nonfinite_steps: consecutive skipped (non-finite) optimizer steps before stopping.
     """
 
@@ -82,6 +105,7 @@ class ASPOModule(LightningModule):
         gradient_checkpointing: bool = False,
         torch_dtype: str = "float32",
         max_nonfinite_steps: int = 3,
+        shuffle_mini_batches: bool = False,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -93,7 +117,7 @@ class ASPOModule(LightningModule):
         # DataModule hparams and refuses one key with two values (the DataModule has its own seed).
         self.save_hyperparameters(ignore=["loss", "seed"])
         self.hparams["model_name_or_path"] = model_name_or_path  # LightningCLI saves the unresolved config value
-        self.seed = seed
+        self.seed = seed  # only for shuffle_mini_batches
         self.hparams["loss_name"] = loss if isinstance(loss, str) else type(loss).__name__
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
@@ -117,9 +141,17 @@ class ASPOModule(LightningModule):
             self.ref_policy.eval().requires_grad_(False)
         mesh = getattr(self, "device_mesh", None)
         if mesh is not None:
-            shard_decoder_layers(self.policy, mesh["data_parallel"])
+            dp_mesh = mesh["data_parallel"]
+            world = self.trainer.world_size
+            if dp_mesh.size() != world:
+                raise ValueError(
+                    f"trainer.strategy: FSDP2 would shard over {dp_mesh.size()} of {world} processes (data parallel "
+                    f"{dp_mesh.size()} x tensor parallel {mesh['tensor_parallel'].size()}), so the other ranks would "
+                    "train independent copies; use aspo_lit.strategy.FSDP2Strategy (data parallel over every rank)")
+            mp_policy = getattr(self.trainer.strategy, "mp_policy", None)
+            shard_decoder_layers(self.policy, dp_mesh, mp_policy)
             if self.ref_policy is not None:
-                shard_decoder_layers(self.ref_policy, mesh["data_parallel"])
+                shard_decoder_layers(self.ref_policy, dp_mesh, mp_policy)
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(
@@ -129,8 +161,9 @@ class ASPOModule(LightningModule):
             weight_decay=self.hparams.weight_decay,
         )
         warmup = max(int(self.hparams.warmup_steps), 0)
+        # Stepped once per rollout batch by training_step: rollout batch k trains at lr * min(1, (k+1)/warmup).
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+            optimizer, lambda batches: min(1.0, (batches + 1) / warmup) if warmup > 0 else 1.0
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -194,43 +227,55 @@ class ASPOModule(LightningModule):
         token_weight = torch.zeros_like(old_logprobs)
         stat_sums: dict[str, float] = {}
         stat_weights: dict[str, float] = {}
-        grad_norms, kls = [], []
+        grad_norms, kls, minibatch_losses = [], [], []
         skipped = 0
 
         t0 = time.perf_counter()
-        num_groups = batch.input_ids.shape[0] // batch.group_size
-        generator = torch.Generator().manual_seed(derived_seed(self.seed, self.global_step, batch_idx))
-        groups_per_minibatch = max(1, self.hparams.mini_batch_size // self.trainer.world_size)
+        rows_per_step = rows_per_minibatch(self.hparams.mini_batch_size, batch.group_size, self.trainer.world_size)
+        generator = None
+        if self.hparams.shuffle_mini_batches:
+            generator = torch.Generator().manual_seed(derived_seed(self.seed, self.global_step, batch_idx))
         for _ in range(self.hparams.ppo_epochs):
-            for groups in _group_minibatches(num_groups, groups_per_minibatch, generator):
-                rows = _rows_of_groups(groups, batch.group_size).to(device)
+            for rows in minibatch_rows(batch.input_ids.shape[0], rows_per_step, generator):
+                rows = rows.to(device)
                 normalizer = self._global_normalizer(mask[rows])
+                minibatch_loss, finite = 0.0, True
                 for micro in self._micro_batches(rows):
                     logprobs, _ = self._logprobs(self.policy, batch, micro, with_entropy=False)
-                    pg_loss, stats = self.loss_fn(
-                        logprobs, old_logprobs[micro], advantages[micro], mask[micro],
-                        entropy=entropy[micro], normalizer=normalizer,
-                    )
-                    loss = pg_loss
+                    inputs = [logprobs.detach(), old_logprobs[micro]]
                     if ref_logprobs is not None:
-                        kl = kl_penalty(logprobs, ref_logprobs[micro], kind=self.hparams.kl_kind)
-                        kl_term = aggregate(kl, mask[micro], self.loss_fn.loss_agg, normalizer=normalizer,
-                                            norm_length=getattr(self.loss_fn, "norm_length", None))
-                        loss = loss + self.hparams.kl_coef * kl_term
-                        kls.append((float((kl.detach() * mask[micro]).sum()), float(mask[micro].sum())))
+                        inputs.append(ref_logprobs[micro])
+                    if not all(bool(torch.isfinite(x).all()) for x in inputs):
+                        # Never raise on one rank: the others would wait in the next collective.
+                        # Run a zero backward (the same collectives as every rank) and skip the step.
+                        finite = False
+                        self.manual_backward(logprobs.nan_to_num(0.0, 0.0, 0.0).sum() * 0.0)
+                        continue
+                    loss, stats, kl = self._micro_batch_loss(logprobs, old_logprobs, ref_logprobs, advantages,
+                                                             mask, entropy, micro, normalizer)
                     self.manual_backward(loss)
+                    if kl is not None:
+                        kls.append(kl)
+                    minibatch_loss += float(stats["pg_loss"])
+                    finite &= bool(torch.isfinite(loss.detach()))
                     _accumulate_stats(stats, stat_sums, stat_weights)
                     last_logprobs[micro] = logprobs.detach()
                     token_weight[micro] = effective_token_weight(
                         self.loss_fn, logprobs.detach(), old_logprobs[micro], advantages[micro], mask[micro],
                         entropy=entropy[micro],
                     )
-                grad_norm = self._clip_and_step(optimizer, scheduler, loss)
+                grad_norm = self._clip_and_step(optimizer, finite)
                 grad_norms.append(grad_norm)
                 skipped += int(not math.isfinite(grad_norm))
+                if math.isfinite(grad_norm):
+                    minibatch_losses.append(minibatch_loss)
+        scheduler.step()  # once per rollout batch: warm-up is counted in rollout batches
         t_update = time.perf_counter() - t0
 
         loss_stats = {k: stat_sums[k] / max(stat_weights[k], 1e-12) for k in stat_sums}
+        # this rank's share of the mini-batch loss (the sum of its micro-batch terms; the mean over
+        # ranks is the mini-batch loss), averaged over the optimizer steps taken
+        loss_stats["pg_loss"] = sum(minibatch_losses) / len(minibatch_losses) if minibatch_losses else float("nan")
         kl_mean = sum(s for s, _ in kls) / max(sum(n for _, n in kls), 1.0) if kls else 0.0
         finite_norms = [g for g in grad_norms if math.isfinite(g)]
         timings = dict(batch.timings, **{"timing/old_logprob_s": t_old, "timing/update_s": t_update})
@@ -254,17 +299,37 @@ class ASPOModule(LightningModule):
             "num_tokens": int(mask.sum().item()),
         }
 
-    def _clip_and_step(self, optimizer, scheduler, loss: Tensor) -> float:
-        """Clip, then step only when loss and grad norm are finite (skip, count, stop after N in a row)."""
+    def _micro_batch_loss(self, logprobs, old_logprobs, ref_logprobs, advantages, mask, entropy, micro, normalizer):
+        """Policy loss (+ beta * KL) of one micro-batch, normalised by the whole mini-batch's `normalizer`."""
+        loss, stats = self.loss_fn(
+            logprobs, old_logprobs[micro], advantages[micro], mask[micro],
+            entropy=entropy[micro], normalizer=normalizer,
+        )
+        kl_stat = None
+        if ref_logprobs is not None:
+            kl = kl_penalty(logprobs, ref_logprobs[micro], kind=self.hparams.kl_kind)
+            kl_term = aggregate(kl, mask[micro], self.loss_fn.loss_agg, normalizer=normalizer,
+                                norm_length=getattr(self.loss_fn, "norm_length", None))
+            loss = loss + self.hparams.kl_coef * kl_term
+            kl_stat = (float((kl.detach() * mask[micro]).sum()), float(mask[micro].sum()))
+        return loss, stats, kl_stat
+
+    def _all_ranks_finite(self, finite: bool) -> bool:
+        """True only if every rank's loss and grad norm are finite, so all ranks skip a step together."""
+        if self._trainer is None or self.trainer.world_size == 1:
+            return finite
+        bad = torch.tensor(0.0 if finite else 1.0, device=self.device)
+        return float(self.trainer.strategy.reduce(bad, reduce_op="sum")) == 0.0
+
+    def _clip_and_step(self, optimizer, finite: bool) -> float:
+        """Clip, then step only when loss and grad norm are finite on every rank (skip, count, stop after N in a row)."""
         params = [p for p in self.policy.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.hparams.max_grad_norm) if params else torch.tensor(0.0)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
-        finite = math.isfinite(grad_norm) and bool(torch.isfinite(loss.detach()).all())
-        if finite:
+        if self._all_ranks_finite(finite and math.isfinite(grad_norm)):
             optimizer.step()
-            scheduler.step()
             self._nonfinite_in_a_row = 0
         else:
             self._nonfinite_in_a_row += 1
@@ -328,7 +393,7 @@ def _accumulate_stats(stats: dict[str, Tensor], sums: dict[str, float], weights:
 
 
 def _validate_hparams(args: dict[str, Any]) -> None:
-    """Fail before any model loads, naming the key (ISSUE 5 'Invalid config')."""
+    """Fail before any model loads, naming the key."""
     positive_ints = ("ppo_epochs", "mini_batch_size", "micro_batch_size", "logprob_chunk_size")
     for key in positive_ints:
         if not isinstance(args[key], int) or args[key] < 1:

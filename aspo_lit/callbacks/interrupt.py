@@ -1,8 +1,11 @@
 """GracefulInterrupt: Ctrl-C / SIGTERM finish the current step, save `last.ckpt`, then stop.
 
-Lightning already turns SIGTERM into a stop after the current batch; this callback routes the
-first Ctrl-C the same way (a second Ctrl-C aborts at once) and saves the checkpoint itself, so an
-interruption between periodic checkpoints loses nothing. The checkpoint holds the state after a
+The first Ctrl-C or SIGTERM sets a flag (a second Ctrl-C aborts at once); at the end of the
+current rollout batch the ranks agree (any rank interrupted stops them all, one collective per
+batch, so no rank waits alone in the next step), save the checkpoint together (sharded under
+FSDP2) and stop. The handler replaces Lightning's SIGTERM handler, which broadcasts from inside
+the signal handler and so could pair with a collective of the step in flight. An interruption
+between periodic checkpoints loses nothing. The checkpoint holds the state after a
 *completed* step (weights, optimizer, scheduler, step counters, dataloader position), which is
 what makes `--ckpt_path last` continue exactly like an uninterrupted run.
 """
@@ -12,14 +15,17 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from lightning.pytorch import Callback
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 
-class GracefulInterrupt(Callback):
+class GracefulInterrupt(Checkpoint):
+    """A `Checkpoint` so that Lightning runs its hooks after every other callback's: the saved state
+    includes what the diagnostics recorded for the step that just ended."""
+
     def __init__(self) -> None:
         self._previous = None
+        self._previous_term = None
         self._interrupted = False
 
     def _on_sigint(self, signum, frame) -> None:
@@ -28,14 +34,22 @@ class GracefulInterrupt(Callback):
         self._interrupted = True
         rank_zero_info("aspo-lit: interrupted; finishing the current step and saving last.ckpt (Ctrl-C again aborts)")
 
+    def _on_sigterm(self, signum, frame) -> None:
+        if not self._interrupted:
+            rank_zero_info("aspo-lit: SIGTERM; finishing the current step and saving last.ckpt")
+        self._interrupted = True
+
     def on_fit_start(self, trainer, pl_module) -> None:
         try:
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
-        except ValueError:  # not the main thread: leave Ctrl-C alone
-            self._previous = None
+            self._previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
+        except ValueError:  # not the main thread: leave the signals alone
+            self._previous = self._previous_term = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         stopping = self._interrupted or trainer.received_sigterm
+        if trainer.world_size > 1:
+            stopping = trainer.strategy.reduce_boolean_decision(stopping, all=False)
         if not stopping:
             return
         checkpoint = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
@@ -57,3 +71,6 @@ class GracefulInterrupt(Callback):
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+        if self._previous_term is not None:
+            signal.signal(signal.SIGTERM, self._previous_term)
+            self._previous_term = None

