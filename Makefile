@@ -5,13 +5,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aspo-lit-setup
 PYTEST_ARGS ?=
 RUNS ?=
+CONFIGS ?=
 PROFILE ?= paper
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-all demo testbed reproduce-table1 figure2 study study-quick bench clean help
+.PHONY: setup test test-all demo testbed rehearse reproduce-table1 figure2 study study-quick bench clean help
+.PHONY: testbed-code tiny-code reproduce-table2 bench-code
 
 help:
-	@echo "make demo | test | test-all | setup | testbed | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | bench"
+	@echo "make demo | test | test-all | setup | testbed | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | bench"
+	@echo "code:  make testbed-code | tiny-code | reproduce-table2 [PROFILE=tiny] | bench-code"
 
 $(STAMP): pyproject.toml scripts/setup_cpu.sh
 	@bash scripts/setup_cpu.sh
@@ -28,6 +31,12 @@ test-all: $(STAMP)
 
 testbed: $(STAMP)
 	$(PY) -m aspo_lit build-testbed
+
+# Every shipped paper config on 2 CPU processes, sizes and hardware changed only (conf/rehearsal/cpu.yaml);
+# verdicts in runs/rehearsal/<config>.json.
+rehearse: $(STAMP)
+	@$(PY) -m aspo_lit build-testbed
+	$(PY) -m tests.rehearsal.run $(CONFIGS)
 
 demo: $(STAMP)
 	@$(PY) -m aspo_lit build-testbed
@@ -60,3 +69,29 @@ bench: $(STAMP)
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache
+
+# --- code RL (Table 2) ---------------------------------------------------------------------
+# The tiny code testbed (.cache/aspo_lit/testbed-code, ~1 min) and ASPO on the tiny code task
+# through the sandboxed execution reward (bubblewrap; `make setup` installs it).
+testbed-code: $(STAMP)
+	$(PY) -m aspo_lit.code_testbed
+
+tiny-code: testbed-code
+	$(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml --config conf/tiny/code_aspo.yaml
+
+# PROFILE=paper (default): evaluate conf/table2.yaml's rows on LiveCodeBench v5/v6 (GPU node),
+# Table 2 beside the paper. PROFILE=tiny: the same pipeline on the code testbed; trains the short
+# GRPO/ASPO code runs first unless their last.ckpt exists.
+reproduce-table2: $(STAMP)
+ifeq ($(PROFILE),tiny)
+	@$(PY) -m aspo_lit.code_testbed
+	@for loss in grpo aspo; do \
+	  [ -f runs/tiny_code_$$loss/checkpoints/last.ckpt ] || $(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml --config conf/tiny/code_$$loss.yaml || exit 1; \
+	done
+	$(PY) -m aspo_lit.table2 --config conf/tiny/table2.yaml
+else
+	$(PY) -m aspo_lit.table2 --config conf/table2.yaml --compare-paper
+endif
+
+bench-code: $(STAMP)
+	$(PY) benchmarks/bench_code_reward.py

@@ -58,7 +58,9 @@ def check_config(cfg: Any) -> None:
         raise ConfigError(f"model.mini_batch_size={mini} must divide data.batch_size={batch} (both count prompts)")
     trainer = cfg.get("trainer", {})
     devices = trainer.get("devices")
-    world = (devices if isinstance(devices, int) and devices > 0 else 1) * (trainer.get("num_nodes") or 1)
+    if isinstance(devices, str) and devices.isdigit():
+        devices = int(devices)
+    world = (devices if isinstance(devices, int) and devices > 0 else 1) * int(trainer.get("num_nodes") or 1)
     if batch and world > 1 and batch % world:
         raise ConfigError(f"data.batch_size={batch} prompts must be divisible by the number of processes ({world})")
     if mini and group and world > 1 and (mini * group) % world:

@@ -191,6 +191,7 @@ class MathRLDataModule(LightningDataModule):
         sync_s = self._sync_weights(engine)
         start = time.perf_counter()
         completions = engine.generate([r["prompt_ids"] for r in records], n=n, sampling=sampling)
+        engine.sleep()  # vLLM with sleep mode frees its GPU memory for the update (wakes on the next push)
         return completions, sync_s, time.perf_counter() - start
 
     def rollout(self, records: list[dict[str, Any]], seed: int) -> RolloutBatch:

@@ -76,16 +76,39 @@ class FixedRollouts(LightningDataModule):
 class Record(Callback):
     def __init__(self) -> None:
         self.grad_norms: list[float] = []
+        self.skipped: list[int] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.grad_norms.append(float(outputs["grad_norm"]))
+        self.skipped.append(int(outputs["skipped_steps"]))
+
+
+def _inject_nan(rank: int) -> None:
+    """Rank `rank`'s first log-probs with grad (the first micro-batch of the update) come out NaN."""
+    import aspo_lit.module as module_lib
+
+    original = module_lib.response_logprobs
+    state = {"done": False}
+
+    def patched(model, *args, **kwargs):
+        logprobs, entropy = original(model, *args, **kwargs)
+        import torch.distributed as dist
+
+        if (torch.is_grad_enabled() and not state["done"] and dist.is_initialized() and dist.get_rank() == rank):
+            state["done"] = True
+            logprobs = logprobs * float("nan")
+        return logprobs, entropy
+
+    module_lib.response_logprobs = patched
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--strategy", choices=["single", "fsdp2", "ddp"], default="single")
+    parser.add_argument("--strategy", choices=["single", "fsdp2", "ddp", "model_parallel_default"], default="single")
+    parser.add_argument("--nan_rank", type=int, default=None,
+                        help="this rank's first update log-probs are NaN (a rank-local numerical failure)")
     parser.add_argument("--loss_agg", default="seq-mean-token-mean")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -93,9 +116,15 @@ def main() -> None:
     seed_everything(0)
     strategy = {"single": "auto", "ddp": "ddp"}.get(args.strategy)
     if args.strategy == "fsdp2":
+        from aspo_lit.strategy import FSDP2Strategy
+
+        strategy = FSDP2Strategy(param_dtype=None)
+    elif args.strategy == "model_parallel_default":  # Lightning's defaults: tensor parallel over the devices
         from lightning.pytorch.strategies import ModelParallelStrategy
 
-        strategy = ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1)
+        strategy = ModelParallelStrategy()
+    if args.nan_rank is not None:
+        _inject_nan(args.nan_rank)
     module = ASPOModule(model_name_or_path=args.model, loss="aspo", loss_kwargs={"loss_agg": args.loss_agg},
                         lr=1e-3, warmup_steps=0, kl_coef=0.01, mini_batch_size=GROUPS, micro_batch_size=3)
     record = Record()
@@ -107,8 +136,16 @@ def main() -> None:
     initial = {name: t.double().sum().item() for name, t in load_policy(args.model).state_dict().items()}
     trainer.fit(module, datamodule=FixedRollouts(steps=2))
     state = full_state_dict(module.policy)
+    import torch.distributed as dist
+
+    skipped = [None] * trainer.world_size
+    if trainer.world_size > 1:
+        dist.all_gather_object(skipped, record.skipped)
+    else:
+        skipped = [record.skipped]
     if trainer.is_global_zero:
         result = {
+            "skipped_per_rank": skipped,
             "grad_norms": record.grad_norms,
             "initial_weights": initial,
             "weights": {name: tensor.double().sum().item() for name, tensor in state.items()},

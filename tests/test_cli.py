@@ -50,8 +50,56 @@ def test_composition_overrides_base(capsys):
                        str(REPO / "conf/ablations/cispo.yaml"), "--print_config"], capsys)
     assert code in (0, None)
     assert "loss: cispo" in text and "name: cispo" in text
-    code, text = _run(["fit", "--config", str(REPO / "conf/qwen3_8b.yaml"), "--print_config"], capsys)
-    assert "max_response_length: 6144" in text and "Qwen/Qwen3-8B" in text and "loss: aspo" in text
+
+
+def _effective(capsys, *configs) -> dict:
+    import yaml
+
+    args = ["fit"] + [w for c in configs for w in ("--config", str(REPO / c))] + ["--print_config"]
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    assert code in (0, None), out.err
+    return _flatten(yaml.safe_load(out.out))
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+DERIVED = ["conf/grpo.yaml", "conf/archer.yaml", "conf/qwen3_4b.yaml", "conf/qwen3_8b.yaml",
+           "conf/qwen3_30b_a3b.yaml", "conf/tiny/grpo.yaml"]
+
+
+@pytest.mark.parametrize("derived", DERIVED, ids=lambda p: p.replace("conf/", ""))
+def test_derived_config_keeps_every_base_value(derived, capsys):
+    """Every key a derived config does not write has the base's effective value (`config: base.yaml`)."""
+    import yaml
+
+    own = yaml.safe_load((REPO / derived).read_text())
+    base = str(Path(derived).parent / own.pop("config"))
+    written = set(_flatten(own))
+    got, want = _effective(capsys, derived), _effective(capsys, base)
+    inherited = [k for k in want if not any(k == w or k.startswith(w + ".") or w.startswith(k + ".") for w in written)]
+    assert len(inherited) > 50
+    wrong = {k: (got.get(k), want[k]) for k in inherited if got.get(k) != want[k]}
+    assert not wrong, f"{derived} lost its base's values: {wrong}"
+    for key in written:  # and what it writes wins
+        assert got[key] == _flatten(own)[key], key
+
+
+def test_base_config_errors_name_the_file(tmp_path, capsys):
+    derived = tmp_path / "derived.yaml"
+    derived.write_text("config: missing_base.yaml\nmodel:\n  lr: 0.1\n")
+    code, text = _run(["fit", "--config", str(derived), "--print_config"], capsys)
+    assert code == 2 and "missing_base.yaml" in text and str(derived) in text
+    derived.write_text(f"config: {derived.name}\n")
+    code, text = _run(["fit", "--config", str(derived), "--print_config"], capsys)
+    assert code == 2 and "include each other" in text
 
 
 def test_omegaconf_interpolation(tmp_path, capsys):
@@ -71,6 +119,11 @@ def test_omegaconf_interpolation(tmp_path, capsys):
         ("--model.ppo_epochs=0", "model.ppo_epochs"),
         ("--model.kl_kind=k7", "model.kl_kind"),
         ("--model.loss=nonexistent_loss", "nonexistent_loss"),
+        # pure half-precision weights at the paper's lr: updates round away
+        ("--trainer.precision=bf16-true --model.lr=1e-6", "trainer.precision"),
+        ("--model.torch_dtype=bfloat16 --model.lr=1e-6", "model.torch_dtype"),
+        # responses of a mini-batch must split evenly over the processes
+        ("--trainer.devices=3 --data.init_args.batch_size=6 --model.mini_batch_size=1", "model.mini_batch_size"),
     ],
 )
 def test_invalid_config_names_the_key(override, key, capsys, monkeypatch):
@@ -80,7 +133,7 @@ def test_invalid_config_names_the_key(override, key, capsys, monkeypatch):
 
     for where in (models, module):
         monkeypatch.setattr(where, "resolve_model_path", lambda name: pytest.fail("a model was loaded"))
-    code, text = _run(["fit", "--config", TINY, override], capsys)
+    code, text = _run(["fit", "--config", TINY, *override.split()], capsys)
     assert code == 2, text
     message = [line for line in text.splitlines() if line.startswith("aspo-lit: config error:")]
     assert len(message) == 1 and key in message[0], text
@@ -91,3 +144,16 @@ def test_parse_errors_name_the_key(override, key, capsys):
     code, text = _run(["fit", "--config", TINY, override], capsys)
     assert code not in (0, None)
     assert key in text
+
+
+def test_minibatch_arithmetic_of_the_32_gpu_run():
+    """Qwen3-30B-A3B ran on 32 GPUs with 16-prompt mini-batches: 8 responses per rank per step."""
+    from aspo_lit.cli import check_config
+    from aspo_lit.module import rows_per_minibatch
+
+    assert rows_per_minibatch(16, 16, 32) == 8
+    cfg = {"trainer": {"devices": 8, "num_nodes": 4}, "model": {"mini_batch_size": 16},
+           "data": {"init_args": {"batch_size": 64, "group_size": 16}}}
+    check_config(cfg)
+    with pytest.raises(ValueError, match="mini_batch_size=1"):
+        rows_per_minibatch(1, 16, 32)

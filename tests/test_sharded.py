@@ -1,5 +1,6 @@
-"""Sharded training on CPU: 2 processes (FSDP2 via ModelParallelStrategy, and DDP, over gloo) give
-the same gradient norms and weights as one process on the same rollout batches (ISSUE 5 'Scale')."""
+"""Sharded training on CPU: 2 processes (FSDP2 via FSDP2Strategy, and DDP, over gloo) give the same
+gradient norms and weights as one process on the same rollout batches; a NaN on one rank makes
+every rank skip that step; a mesh that does not shard over every rank is refused."""
 
 from __future__ import annotations
 
@@ -13,11 +14,15 @@ import pytest
 SCRIPT = Path(__file__).with_name("sharded_fit.py")
 
 
-def _fit(model_dir, tmp_path, devices, strategy, loss_agg):
-    out = tmp_path / f"{strategy}_{loss_agg}.json"
+def _run(model_dir, tmp_path, devices, strategy, loss_agg, *extra, timeout=600):
+    out = tmp_path / f"{strategy}_{loss_agg}{''.join(extra)}.json"
     cmd = [sys.executable, str(SCRIPT), "--model", str(model_dir), "--devices", str(devices),
-           "--strategy", strategy, "--loss_agg", loss_agg, "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+           "--strategy", strategy, "--loss_agg", loss_agg, "--out", str(out), *extra]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout), out
+
+
+def _fit(model_dir, tmp_path, devices, strategy, loss_agg, *extra):
+    proc, out = _run(model_dir, tmp_path, devices, strategy, loss_agg, *extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -43,3 +48,21 @@ def test_fsdp2_two_processes_match_single(tiny_model_dir, tmp_path, loss_agg):
 def test_ddp_two_processes_match_single(tiny_model_dir, tmp_path):
     single = _fit(tiny_model_dir, tmp_path, 1, "single", "token-mean")
     _assert_same(single, _fit(tiny_model_dir, tmp_path, 2, "ddp", "token-mean"))
+
+
+def test_nan_on_one_rank_skips_the_step_on_every_rank(tiny_model_dir, tmp_path):
+    """Rank 1 alone meets NaN log-probs: both ranks skip that optimizer step, nobody raises or hangs,
+    and the ranks still hold the same (sharded) model."""
+    result = _fit(tiny_model_dir, tmp_path, 2, "fsdp2", "token-mean", "--nan_rank", "1")
+    skipped = result["skipped_per_rank"]
+    assert skipped[0] == skipped[1] and skipped[0][0] == 1 and sum(skipped[0]) == 1, skipped  # a skipped step is redone: 3 batches
+    moved = [n for n, v in result["weights"].items() if abs(v - result["initial_weights"][n]) > 1e-3]
+    assert moved  # the second step was taken
+
+
+def test_lightning_default_mesh_is_refused(tiny_model_dir, tmp_path):
+    """`ModelParallelStrategy()` puts every device on the tensor-parallel axis: FSDP2 over its
+    data-parallel axis would train 2 independent models. The module refuses, naming the setting."""
+    proc, _ = _run(tiny_model_dir, tmp_path, 2, "model_parallel_default", "token-mean", timeout=300)
+    assert proc.returncode != 0
+    assert "FSDP2Strategy" in proc.stderr and "1 of 2 processes" in proc.stderr

