@@ -16,7 +16,7 @@ help:
 	@echo "make demo | test | test-all | setup | testbed | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | bench"
 	@echo "code:  make testbed-code | tiny-code | reproduce-table2 [PROFILE=tiny] | bench-code"
 
-$(STAMP): pyproject.toml scripts/setup_cpu.sh
+$(STAMP): pyproject.toml scripts/setup_cpu.sh constraints.txt
 	@bash scripts/setup_cpu.sh
 	@touch $(STAMP)
 
