@@ -88,9 +88,9 @@ ifeq ($(PROFILE),tiny)
 	@for loss in grpo aspo; do \
 	  [ -f runs/tiny_code_$$loss/checkpoints/last.ckpt ] || $(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml --config conf/tiny/code_$$loss.yaml || exit 1; \
 	done
-	$(PY) -m aspo_lit.table2 --config conf/tiny/table2.yaml
+	$(PY) -m aspo_lit table2 --config conf/tiny/table2.yaml
 else
-	$(PY) -m aspo_lit.table2 --config conf/table2.yaml --compare-paper
+	$(PY) -m aspo_lit table2 --config conf/table2.yaml --compare-paper
 endif
 
 bench-code: $(STAMP)

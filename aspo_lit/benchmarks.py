@@ -1,4 +1,13 @@
-"""The six math benchmarks of Table 1: where their rows come from, how many samples per problem.
+"""The benchmarks of Tables 1 and 2: where their rows come from, how many samples per problem.
+
+Table 1 (math) has six; Table 2 (code) has LiveCodeBench v5 (2024-08-01 to 2025-02-01, K = 8)
+and v6 (2025-02-01 to 2025-05-01, K = 16) (paper §7.1 and Appendix B; Jain et al., 2025), graded
+by running the program on the problem's tests in a sandbox (``aspo_lit.rewards.code``). Their rows
+carry the test spec (``code_gold``) as ``answer`` and the LeetCode ``starter_code``; they load from
+the normalized JSONL copies (``<data dir>/code/lcb_v5.jsonl``, ``lcb_v6.jsonl``: public tests only,
+so scores are an upper bound on the official ones) or any file in LiveCodeBench's own layout given
+as ``path`` (``data_modules.code.load_code_rows``). LiveCodeBench's hub release needs a loading
+script and is not read here.
 
 Each benchmark loads from a local file (the normalized JSONL copies in ../shared/data, whose row
 counts are the ones the paper's numbers imply) or, when none is given or found, from its public
@@ -37,6 +46,7 @@ class Benchmark:
     split: str = "test"
     # our field ("problem", "answer", "id") -> the hub dataset's; local files use ours
     fields: dict = field(default_factory=dict)
+    domain: str = "math"                # "math" (math-verify) | "code" (sandboxed tests)
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
@@ -53,8 +63,12 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark("olympiadbench", 4, "olympiad", "olympiadbench.jsonl", "Hothan/OlympiadBench",
               hub_config="OE_TO_maths_en_COMP", split="train",
               fields={"problem": "question", "answer": "final_answer", "id": "id"}),
+    Benchmark("lcb_v5", 8, "lcb_v5", "code/lcb_v5.jsonl", domain="code"),
+    Benchmark("lcb_v6", 16, "lcb_v6", "code/lcb_v6.jsonl", domain="code"),
 ]}
-TABLE1_BENCHMARKS = tuple(BENCHMARKS)   # the paper's column order
+TABLE1_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")   # column order
+TABLE2_BENCHMARKS = ("lcb_v5", "lcb_v6")
+DOMAINS = ("math", "code")
 
 
 def get_benchmark(spec) -> Benchmark:
@@ -77,6 +91,8 @@ def get_benchmark(spec) -> Benchmark:
         raise ValueError(f"benchmark {name!r} is not registered: give its 'k' (and 'path')")
     overrides.setdefault("column", name)
     overrides.setdefault("filename", f"{name}.jsonl")
+    if overrides.get("domain", "math") not in DOMAINS:
+        raise ValueError(f"benchmark {name!r}: domain must be one of {DOMAINS}")
     return Benchmark(name=name, **overrides)
 
 
@@ -90,7 +106,8 @@ def default_data_dir() -> Path | None:
 
 
 def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
-    """Rows `{"id", "problem", "answer"}` of one benchmark, in file order.
+    """Rows `{"id", "problem", "answer"}` of one benchmark, in file order (code benchmarks add
+    `starter_code`; their `answer` is the test spec).
 
     Source, first that applies: `path` (a JSONL/JSON/parquet file, or a folder holding the
     benchmark's default file or such files); `<data_dir>/<default file>` (data_dir defaults to
@@ -105,6 +122,10 @@ def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
             path = data_dir / bench.filename
     if path is not None:
         return _load_local(bench, Path(path))
+    if bench.domain == "code":
+        raise FileNotFoundError(f"benchmark {bench.name!r}: no local file {bench.filename} in {data_dir}; "
+                                "give its path (a normalized JSONL or LiveCodeBench's own layout), e.g. "
+                                f"--data-path {bench.name}=FILE or $ASPO_DATA_DIR")
     if bench.hub_id is None:
         raise FileNotFoundError(f"benchmark {bench.name!r}: no local file {bench.filename} in "
                                 f"{data_dir} and no hub dataset id")
@@ -118,8 +139,16 @@ def _load_local(bench: Benchmark, path: Path) -> list[dict]:
 
     if path.is_dir() and (path / bench.filename).is_file():
         path = path / bench.filename
+    elif path.is_dir() and (path / Path(bench.filename).name).is_file():   # e.g. data/code/lcb_v5.jsonl
+        path = path / Path(bench.filename).name
     if not path.exists():
         raise FileNotFoundError(f"benchmark {bench.name!r}: {path} does not exist")
+    if bench.domain == "code":
+        from data_modules.code import load_code_rows
+
+        rows, _ = load_code_rows(str(path), on_bad_row="error")
+        return [{"id": r["id"], "problem": r["problem"], "answer": r["answer"],
+                 "starter_code": r["starter_code"]} for r in rows]
     rows, _ = load_rows(str(path), "problem", "answer", on_bad_row="error")
     _check_unique_ids(rows, str(path))
     return rows

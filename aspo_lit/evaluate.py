@@ -1,5 +1,9 @@
 """Benchmark evaluation: K samples per problem, graded, avg@K and pass@K (SPEC.md "Evaluation").
 
+Math benchmarks (Table 1) are graded by math-verify on the last ``\\boxed{}``; code benchmarks
+(Table 2: LiveCodeBench v5/v6) get LiveCodeBench's prompt and are graded by running the last
+fenced Python block on the problem's tests in a sandbox (``aspo_lit.rewards.code.CodeReward``).
+
 Every sample is recorded as one JSONL line, flushed per problem, in
 `<out_dir>/<model_tag>/<benchmark>.samples.jsonl`:
 
@@ -209,18 +213,23 @@ def benchmark_metrics(correct_counts: list[int], k: int) -> dict[str, float]:
 def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8, top_p=1.0,
                    max_tokens=32768, engine="auto", limit=None, seed=0, *, tag=None,
                    data_dir=None, template="chat", enable_thinking=False, reward=None,
-                   samples_per_call=1024, engine_kwargs=None) -> dict[str, dict]:
+                   samples_per_call=1024, engine_kwargs=None, code_reward=None,
+                   system_prompt=None) -> dict[str, dict]:
     """Evaluate one model on benchmarks; returns {benchmark: metrics} (see `done.json`).
 
     benchmarks: names ("aime24", ...) or dicts {"name", "path"?, "k"?, "limit"?, ...}.
     k: None (each benchmark's paper K), an int, or {name: K}. limit: first N problems.
     engine: "auto" / an engine name for `aspo_lit.rollout.build_engine`, or a RolloutEngine.
-    reward: an object with `.batch(texts, golds)`; default `MathVerifyReward()`.
+    reward: an object with `.batch(texts, golds)` for math benchmarks; default `MathVerifyReward()`.
+    code_reward: for code benchmarks, such an object or a dict of `CodeReward` arguments (e.g.
+    `{"sandbox": "bwrap", "timeout_s": 6}`); default `CodeReward()`.
+    system_prompt: an optional system message for code prompts (default none).
     """
     out = Path(out_dir) / (tag or model_tag(model))
     out.mkdir(parents=True, exist_ok=True)
     session = _Session(model, out, engine, engine_kwargs, template, enable_thinking, reward,
-                       cache_dir=Path(out_dir) / ".exported")
+                       cache_dir=Path(out_dir) / ".exported", code_reward=code_reward,
+                       system_prompt=system_prompt)
     sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}
     results = {}
     try:
@@ -248,12 +257,15 @@ class _Session:
     (a model whose benchmarks are all done never loads)."""
 
     def __init__(self, model, out, engine, engine_kwargs, template, enable_thinking, reward,
-                 cache_dir):
+                 cache_dir, code_reward=None, system_prompt=None):
         self.model, self.out, self.engine_spec = str(model), out, engine
         self.engine_kwargs = engine_kwargs or {}
         self.template, self.enable_thinking = template, enable_thinking
         self.cache_dir = cache_dir
         self.reward_spec, self._reward, self._engine, self.tokenizer = reward, reward, None, None
+        self.code_reward_spec = code_reward
+        self._code_reward = code_reward if hasattr(code_reward, "batch") else None
+        self.system_prompt = system_prompt
 
     @functools.cached_property
     def meta(self) -> dict:
@@ -271,6 +283,22 @@ class _Session:
         return self._reward
 
     @property
+    def code_reward(self):
+        if self._code_reward is None:
+            from aspo_lit.rewards.code import CodeReward
+            self._code_reward = CodeReward(**(self.code_reward_spec or {}))
+        return self._code_reward
+
+    def reward_for(self, domain: str):
+        return self.code_reward if domain == "code" else self.reward
+
+    def meta_for(self, bench) -> dict:
+        """What a benchmark's samples depend on besides sampling: code prompts add their format."""
+        if bench.domain != "code":
+            return self.meta
+        return {**self.meta, "prompt_format": "livecodebench-generic", "system_prompt": self.system_prompt}
+
+    @property
     def engine(self):
         if self._engine is None:
             from aspo_lit.models import load_tokenizer
@@ -284,8 +312,12 @@ class _Session:
             self._engine = engine
         return self._engine
 
-    def prompt_ids(self, problem: str) -> list[int]:
-        return encode_prompt(problem, self.tokenizer, self.template, self.enable_thinking)
+    def prompt_ids(self, row: dict, domain: str = "math") -> list[int]:
+        if domain == "code":
+            from aspo_lit.code_prompts import encode_code_prompt
+            return encode_code_prompt(row["problem"], row.get("starter_code"), self.tokenizer, self.template,
+                                      self.enable_thinking, self.system_prompt)
+        return encode_prompt(row["problem"], self.tokenizer, self.template, self.enable_thinking)
 
     def close(self):
         # an engine or reward passed in belongs to the caller
@@ -293,6 +325,8 @@ class _Session:
             self._engine.close()
         if self._reward is not None and self._reward is not self.reward_spec:
             getattr(self._reward, "close", lambda: None)()
+        if self._code_reward is not None and self._code_reward is not self.code_reward_spec:
+            getattr(self._code_reward, "close", lambda: None)()
 
 
 def _evaluate_benchmark(session, bench, rows, k, sampling, samples_per_call) -> dict:
@@ -300,7 +334,7 @@ def _evaluate_benchmark(session, bench, rows, k, sampling, samples_per_call) -> 
     done_path = out / f"{bench.name}.done.json"
     ids = [r["id"] for r in rows]
     ids_sha1 = hashlib.sha1("\n".join(ids).encode()).hexdigest()
-    meta = {**session.meta, **sampling}
+    meta = {**session.meta_for(bench), **sampling}
     _check_meta(out / f"{bench.name}.meta.json", meta)
     if done_path.is_file():
         done = json.loads(done_path.read_text())
@@ -318,7 +352,7 @@ def _evaluate_benchmark(session, bench, rows, k, sampling, samples_per_call) -> 
                  len(rows), k)
         with open(samples_path, "a", encoding="utf-8") as sink:
             for chunk in _chunks(todo, samples_per_call):
-                _sample_chunk(session, chunk, sampling, sink, records)
+                _sample_chunk(session, chunk, sampling, sink, records, bench.domain)
 
     counts, tokens, truncated = [], [], 0
     for row in rows:
@@ -365,7 +399,7 @@ def _chunks(todo, samples_per_call):
         yield chunk
 
 
-def _sample_chunk(session, chunk, sampling, sink, records) -> None:
+def _sample_chunk(session, chunk, sampling, sink, records, domain="math") -> None:
     from aspo_lit.rollout import SamplingConfig
 
     engine = session.engine
@@ -374,26 +408,43 @@ def _sample_chunk(session, chunk, sampling, sink, records) -> None:
     config = SamplingConfig(temperature=sampling["temperature"], top_p=sampling["top_p"],
                             max_tokens=sampling["max_tokens"],
                             seed=_call_seed(sampling["seed"], first_index, first_sample))
-    outputs = engine.generate([session.prompt_ids(row["problem"]) for _, row, _ in chunk], n, config)
+    outputs = engine.generate([session.prompt_ids(row, domain) for _, row, _ in chunk], n, config)
     if len(outputs) != len(chunk) or any(len(o) != n for o in outputs):
         raise RuntimeError(f"engine returned {[len(o) for o in outputs]} samples for "
                            f"{len(chunk)} prompts x n={n}")
     texts = [c.text for completions in outputs for c in completions]
     golds = [row["answer"] for _, row, _ in chunk for _ in range(n)]
-    scores = session.reward.batch(texts, golds)
-    flat = iter(zip([c for completions in outputs for c in completions], scores))
+    reward = session.reward_for(domain)
+    statuses = [None] * len(texts)
+    if domain == "code" and hasattr(reward, "run_batch"):
+        graded = reward.run_batch(texts, golds)
+        scores, statuses = [g.score for g in graded], [g.status for g in graded]
+    else:
+        scores = reward.batch(texts, golds)
+    think_end = getattr(reward, "think_end_token", "</think>")
+    flat = iter(zip([c for completions in outputs for c in completions], scores, statuses))
     for _, row, sample_indices in chunk:
         for s in sample_indices:
-            completion, score = next(flat)
+            completion, score, status = next(flat)
             rec = {"problem_id": row["id"], "sample_index": s,
                    "text_sha1": hashlib.sha1(completion.text.encode()).hexdigest(),
-                   "answer_extracted": extract_answer(completion.text,
-                                                      getattr(session.reward, "think_end_token", "</think>")),
+                   "answer_extracted": _extracted(completion.text, domain, think_end),
                    "correct": bool(score > 0.5), "finish_reason": completion.finish_reason,
                    "num_tokens": len(completion.token_ids)}
+            if status is not None:
+                rec["status"] = status
             sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
             records[(row["id"], s)] = rec
         sink.flush()
+
+
+def _extracted(text: str, domain: str, think_end: str | None):
+    """What was graded: the boxed answer (math), or the sha1 of the extracted program (code)."""
+    if domain == "code":
+        from aspo_lit.rewards.code import extract_code
+        code = extract_code(text, think_end)
+        return None if code is None else "code:" + hashlib.sha1(code.encode()).hexdigest()[:16]
+    return extract_answer(text, think_end)
 
 
 def _call_seed(seed: int, problem_index: int, sample_index: int) -> int:
@@ -449,7 +500,7 @@ def evaluate_main(argv=None) -> int:
     p.add_argument("--model", required=True,
                    help="HF hub id, local HF folder, 'testbed', or an ASPOModule .ckpt")
     p.add_argument("--benchmarks", nargs="+", default=None,
-                   help="benchmark names (default: the six of Table 1)")
+                   help="benchmark names (default: the six of Table 1; Table 2: lcb_v5 lcb_v6)")
     p.add_argument("--data-path", action="append", default=[], metavar="NAME=PATH",
                    help="local file/folder for one benchmark (repeatable)")
     p.add_argument("--data-dir", default=None,
@@ -465,6 +516,12 @@ def evaluate_main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=SAMPLING_DEFAULTS["seed"])
     p.add_argument("--engine", default="auto")
     p.add_argument("--template", default="chat", choices=["chat", "plain"])
+    p.add_argument("--sandbox", default="bwrap", choices=["bwrap", "rlimit"],
+                   help="code benchmarks: bubblewrap sandbox (default) or rlimit-only isolation (opt-in)")
+    p.add_argument("--reward-timeout", type=float, default=6.0,
+                   help="code benchmarks: seconds per test (LiveCodeBench: 6)")
+    p.add_argument("--reward-workers", type=int, default=None,
+                   help="code benchmarks: programs graded in parallel (default: CPU count)")
     args = p.parse_args(argv)
     _setup_logging()
     from aspo_lit.benchmarks import TABLE1_BENCHMARKS
@@ -475,7 +532,9 @@ def evaluate_main(argv=None) -> int:
                              temperature=args.temperature, top_p=args.top_p,
                              max_tokens=args.max_tokens, engine=args.engine, limit=args.limit,
                              seed=args.seed, tag=args.tag, data_dir=args.data_dir,
-                             template=args.template)
+                             template=args.template,
+                             code_reward={"sandbox": args.sandbox, "timeout_s": args.reward_timeout,
+                                          "num_workers": args.reward_workers})
     out = Path(args.out) / (args.tag or model_tag(args.model))
     print((out / "results.md").read_text())
     print(f"per-sample records and results in {out}")
@@ -511,17 +570,22 @@ def check_model(model: str, local_only: bool = False) -> str | None:
 
 
 def prepare_benchmark_files(benchmarks: list, out_dir: Path) -> list:
-    """Benchmarks that name a generator (the testbed's arithmetic held-out split) get their
-    JSONL written under `out_dir` (`path`, default `data/<name>.jsonl`) when it is missing:
-    `{"name", "k", "generate": {"n", "seed", "levels", "split", ...}}`."""
+    """Benchmarks that name a generator (the testbed's arithmetic held-out split, or with
+    `kind: tiny_code` the code testbed's) get their JSONL written under `out_dir` (`path`,
+    default `data/<name>.jsonl`) when it is missing:
+    `{"name", "k", "generate": {"kind"?, "n", "seed", "levels"?, "split", ...}}`."""
     prepared = []
     for spec in benchmarks:
         if isinstance(spec, dict) and spec.get("generate"):
             spec = dict(spec)
             path = out_dir / spec.get("path", f"data/{spec['name']}.jsonl")
             if not path.is_file():
-                from data_modules.arithmetic import generate_problems, write_jsonl
-                write_jsonl(generate_problems(**spec.pop("generate")), path)
+                generate = dict(spec.pop("generate"))
+                if generate.pop("kind", "arithmetic") == "tiny_code":
+                    from data_modules.tiny_code import generate_problems, write_jsonl
+                else:
+                    from data_modules.arithmetic import generate_problems, write_jsonl
+                write_jsonl(generate_problems(**generate), path)
             spec.pop("generate", None)
             spec["path"] = str(path)
         prepared.append(spec)
@@ -547,10 +611,26 @@ def run_table1(config: dict, compare_paper: bool | None = None, only: list[str] 
                root: Path | None = None):
     """Evaluate every row of a Table 1 config whose model is available and render the table.
     Returns (markdown, rows) of `aspo_lit.tables.render_table1`."""
-    from aspo_lit.tables import render_table1
+    return run_table(config, compare_paper, only, root, table="table1")
 
+
+def run_table2(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
+               root: Path | None = None):
+    """Evaluate every row of a Table 2 (code) config whose model is available and render the
+    table. Returns (markdown, rows) of `aspo_lit.tables.render_table2`."""
+    return run_table(config, compare_paper, only, root, table="table2")
+
+
+def run_table(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
+              root: Path | None = None, table: str | None = None):
+    """Evaluate every row of a table config (`table: table1 | table2`, default table1) whose model
+    is available and render the table beside the paper's. Code benchmarks are graded by
+    `CodeReward(**config["code_reward"])`."""
+    from aspo_lit.tables import render_table
+
+    table = table or config.get("table", "table1")
     root = Path(root or Path.cwd())
-    out_dir = Path(config.get("out_dir", "runs/table1"))
+    out_dir = Path(config.get("out_dir", f"runs/{table}"))
     out_dir = out_dir if out_dir.is_absolute() else root / out_dir
     compare = config.get("compare_paper", False) if compare_paper is None else compare_paper
     sampling = {**SAMPLING_DEFAULTS, **(config.get("sampling") or {})}
@@ -581,22 +661,35 @@ def run_table1(config: dict, compare_paper: bool | None = None, only: list[str] 
                 template=row.get("template", config.get("template", "chat")),
                 enable_thinking=row.get("enable_thinking", config.get("enable_thinking", False)),
                 tag=row.get("tag"), samples_per_call=config.get("samples_per_call", 1024),
+                code_reward=config.get("code_reward"), system_prompt=config.get("system_prompt"),
                 **row_sampling)
         except Exception as e:   # noqa: BLE001 - one failed row must not lose the others
             log.exception("%s / %s: evaluation failed", *key)
             missing[key] = f"evaluation failed: {type(e).__name__}: {e}"
             continue
         results[key] = table_columns(per_bench)
-    return render_table1(results, compare_paper=compare, missing=missing, out_dir=out_dir)
+    return render_table(results, table, compare_paper=compare, missing=missing, out_dir=out_dir,
+                        note=config.get("note"))
 
 
 def table1_main(argv=None) -> int:
     """`python -m aspo_lit table1 --config conf/table1.yaml [--compare-paper]`: evaluate the
     config's rows (missing models are reported, not fabricated) and print Table 1."""
+    return _table_main(argv, "table1", table1_main.__doc__)
+
+
+def table2_main(argv=None) -> int:
+    """`python -m aspo_lit table2 --config conf/table2.yaml [--compare-paper]`: evaluate the
+    config's rows on LiveCodeBench v5/v6 in the code sandbox (missing models are reported, not
+    fabricated) and print Table 2 beside the paper."""
+    return _table_main(argv, "table2", table2_main.__doc__)
+
+
+def _table_main(argv, table: str, description: str) -> int:
     import yaml
 
-    p = argparse.ArgumentParser(prog="aspo_lit table1", description=table1_main.__doc__)
-    p.add_argument("--config", default="conf/table1.yaml")
+    p = argparse.ArgumentParser(prog=f"aspo_lit {table}", description=description)
+    p.add_argument("--config", default=f"conf/{table}.yaml")
     p.add_argument("--compare-paper", action=argparse.BooleanOptionalAction, default=None,
                    help="show the paper's value and the delta in every cell "
                         "(default: the config's compare_paper)")
@@ -612,9 +705,10 @@ def table1_main(argv=None) -> int:
     for key, value in (("out_dir", args.out), ("limit", args.limit), ("engine", args.engine)):
         if value is not None:
             config[key] = value
-    markdown, _ = run_table1(config, compare_paper=args.compare_paper, only=args.only)
+    table = config.get("table", table)
+    markdown, _ = run_table(config, compare_paper=args.compare_paper, only=args.only, table=table)
     print(markdown)
-    out_dir = Path(config.get("out_dir", "runs/table1"))
-    print(f"written: {out_dir / 'table1.md'}, {out_dir / 'table1.csv'}; per-model results under "
+    out_dir = Path(config.get("out_dir", f"runs/{table}"))
+    print(f"written: {out_dir / f'{table}.md'}, {out_dir / f'{table}.csv'}; per-model results under "
           f"{out_dir / 'models'}")
     return 0

@@ -17,6 +17,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from aspo_lit.forward import response_logprobs
+from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
 from aspo_lit.losses import PolicyLoss, aggregate, agg_normalizer, effective_token_weight, get_policy_loss, kl_penalty
 from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_decoder_layers
 from aspo_lit.rollout.batch import RolloutBatch
@@ -75,7 +76,12 @@ class ASPOModule(LightningModule):
         shuffle_mini_batches: shuffle each rank's rows before every epoch's mini-batch split
             (``seed``); default off, as verl and the authors' code, which keeps the optimizer steps
             independent of the number of processes.
-        micro_batch_size: responses per forward/backward (memory only; the gradient does not change).
+        micro_batch_size: responses per forward/backward when ``max_tokens_per_micro_batch`` is null
+            (memory only; the gradient does not change).
+        max_tokens_per_micro_batch: token budget of one forward/backward (rows x their padded width):
+            rows are sorted by length and packed up to it, each micro-batch computed at its own
+            width (verl's ``use_dynamic_bsz`` / ``ppo_max_token_len_per_gpu``). The default; null
+            falls back to ``micro_batch_size`` rows padded to the batch's longest response.
         temperature: the rollout sampling temperature; log-probs are of the tempered distribution.
         logprob_chunk_size: sequence positions per chunk of the log-softmax / entropy maths.
         gradient_checkpointing: recompute activations in the backward pass.
@@ -100,6 +106,7 @@ class ASPOModule(LightningModule):
         ppo_epochs: int = 1,
         mini_batch_size: int = 16,
         micro_batch_size: int = 8,
+        max_tokens_per_micro_batch: int | None = 16384,
         temperature: float = 1.0,
         logprob_chunk_size: int = 1024,
         gradient_checkpointing: bool = False,
@@ -170,34 +177,68 @@ class ASPOModule(LightningModule):
     # --- the step ---------------------------------------------------------------------------
 
     def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, with_entropy: bool):
-        return response_logprobs(
+        """`[len(rows), T]` log-probs (and entropy) of `rows`, computed at the rows' own width: the
+        columns past their longest response are zeros (they are padding, masked out)."""
+        input_ids, attention_mask = trim_to_micro_batch(batch.input_ids, batch.attention_mask, batch.prompt_length,
+                                                        batch.response_lengths, rows)
+        logprobs, entropy = response_logprobs(
             model,
-            batch.input_ids[rows],
-            batch.attention_mask[rows],
+            input_ids,
+            attention_mask,
             batch.prompt_length,
             temperature=self.hparams.temperature,
             chunk_size=self.hparams.logprob_chunk_size,
             with_entropy=with_entropy,
         )
+        pad = batch.response_mask.shape[1] - logprobs.shape[1]
+        if pad:
+            logprobs = torch.nn.functional.pad(logprobs, (0, pad))
+            entropy = None if entropy is None else torch.nn.functional.pad(entropy, (0, pad))
+        return logprobs, entropy
 
     @torch.no_grad()
     def _pre_update_pass(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Old log-probs (recomputed by the training policy, SPEC.md), their entropy, reference log-probs."""
-        old, entropy, ref = [], [], []
+        """Old log-probs (recomputed by the training policy, as the paper's eq. 1 ratio needs), their
+        entropy, and the reference log-probs."""
+        shape = batch.response_mask.shape
+        device = batch.response_mask.device
+        old = torch.zeros(shape, dtype=torch.float32, device=device)
+        entropy = torch.zeros(shape, dtype=torch.float32, device=device)
+        ref = torch.zeros(shape, dtype=torch.float32, device=device) if self.ref_policy is not None else None
         was_training = self.policy.training
         self.policy.eval()
-        for rows in self._micro_batches(torch.arange(batch.input_ids.shape[0])):
-            lp, ent = self._logprobs(self.policy, batch, rows, with_entropy=True)
-            old.append(lp)
-            entropy.append(ent)
-            if self.ref_policy is not None:
-                ref.append(self._logprobs(self.ref_policy, batch, rows, with_entropy=False)[0])
+        for rows in self._micro_batches(batch, torch.arange(shape[0], device=device)):
+            old[rows], entropy[rows] = self._logprobs(self.policy, batch, rows, with_entropy=True)
+            if ref is not None:
+                ref[rows] = self._logprobs(self.ref_policy, batch, rows, with_entropy=False)[0]
         self.policy.train(was_training)
-        return torch.cat(old), torch.cat(entropy), (torch.cat(ref) if ref else None)
+        return old, entropy, ref
 
-    def _micro_batches(self, rows: Tensor) -> list[Tensor]:
-        size = self.hparams.micro_batch_size
-        return [rows[i : i + size] for i in range(0, rows.numel(), size)]
+    def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> list[Tensor]:
+        """`rows` split for forward/backward: by token budget (`max_tokens_per_micro_batch`, rows of
+        similar length together, as verl's dynamic batch size) or `micro_batch_size` rows at a time.
+
+        Every rank must run the same number of forward passes (FSDP2 gathers weights in each), so
+        the budgeted split takes the largest count over ranks, halving its biggest micro-batches
+        until it has that many (each half stays within the budget).
+        """
+        budget = self.hparams.max_tokens_per_micro_batch
+        if budget is None:
+            size = self.hparams.micro_batch_size
+            return [rows[i : i + size] for i in range(0, rows.numel(), size)]
+        lengths = batch.response_lengths.to(rows.device)[rows]
+        micro = [rows[i.to(rows.device)] for i in token_budget_micro_batches(lengths, budget,
+                                                                            fixed_width=batch.prompt_length)]
+        count = torch.tensor(len(micro), device=self.device)
+        if self._trainer is not None and self.trainer.world_size > 1:
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        while len(micro) < int(count):
+            big = max(range(len(micro)), key=lambda i: micro[i].numel())
+            if micro[big].numel() < 2:
+                raise RuntimeError(f"cannot split {rows.numel()} rows into the {int(count)} micro-batches another rank needs")
+            half = micro[big].numel() // 2
+            micro[big:big + 1] = [micro[big][:half], micro[big][half:]]
+        return micro
 
     def _global_normalizer(self, mask: Tensor) -> Tensor:
         """The mini-batch's aggregation denominator, summed over ranks then divided by world size.
@@ -240,7 +281,7 @@ class ASPOModule(LightningModule):
                 rows = rows.to(device)
                 normalizer = self._global_normalizer(mask[rows])
                 minibatch_loss, finite = 0.0, True
-                for micro in self._micro_batches(rows):
+                for micro in self._micro_batches(batch, rows):
                     logprobs, _ = self._logprobs(self.policy, batch, micro, with_entropy=False)
                     inputs = [logprobs.detach(), old_logprobs[micro]]
                     if ref_logprobs is not None:
@@ -398,6 +439,9 @@ def _validate_hparams(args: dict[str, Any]) -> None:
     for key in positive_ints:
         if not isinstance(args[key], int) or args[key] < 1:
             raise ValueError(f"model.{key} must be a positive integer, got {args[key]!r}")
+    budget = args["max_tokens_per_micro_batch"]
+    if budget is not None and (not isinstance(budget, int) or budget < 1):
+        raise ValueError(f"model.max_tokens_per_micro_batch must be a positive integer or null, got {budget!r}")
     for key in ("lr", "max_grad_norm", "temperature"):
         if not args[key] > 0:
             raise ValueError(f"model.{key} must be > 0, got {args[key]!r}")

@@ -1,20 +1,46 @@
-"""Table 1 of the paper, recomputed, beside the paper's own numbers.
+"""Tables 1 (math) and 2 (code) of the paper, recomputed, beside the paper's own numbers.
 
-The paper's figures (aspo_lit/data/table1.csv, copied from the paper) fix the layout: its
-columns in order, its rows in order. Each cell shows ours / paper / Δ (ours − paper). Rows of
-ours that the paper does not have are appended; paper rows we have no results for are listed
-as "missing" with the reason — never filled in.
+The paper's figures (aspo_lit/data/table1.csv and table2.csv, copied from the paper) fix the
+layout: its columns in order, its rows in order. Each cell shows ours / paper / Δ (ours − paper).
+Rows of ours that the paper does not have are appended; paper rows we have no results for are
+listed as "missing" with the reason — never filled in.
 """
 from __future__ import annotations
 
 import csv
 import io
+from dataclasses import dataclass
 from pathlib import Path
 
-from aspo_lit.benchmarks import BENCHMARKS, TABLE1_BENCHMARKS
+from aspo_lit.benchmarks import BENCHMARKS, TABLE1_BENCHMARKS, TABLE2_BENCHMARKS
 
 PAPER_TABLE1 = Path(__file__).with_name("data") / "table1.csv"
+PAPER_TABLE2 = Path(__file__).with_name("data") / "table2.csv"
 KEY_COLUMNS = ("base_model", "method")
+
+#: Table 2's caveat: the staged LiveCodeBench files hold the public tests only.
+LCB_PUBLIC_TESTS_NOTE = (
+    "LiveCodeBench scores here are graded on the public test cases only (the hidden tests could not "
+    "be staged), so they are an upper bound on the official avg@K / pass@K: a program that passes "
+    "the public tests but would fail a hidden one counts as correct.")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One paper table: its CSV, the benchmarks whose avg@K its "avg" column averages."""
+
+    name: str
+    paper_csv: Path
+    avg_benchmarks: tuple[str, ...]
+    avg_legend: str
+    note: str = ""
+
+
+TABLES = {
+    "table1": TableSpec("table1", PAPER_TABLE1, TABLE1_BENCHMARKS, "avg = mean of the six benchmarks' avg@K."),
+    "table2": TableSpec("table2", PAPER_TABLE2, TABLE2_BENCHMARKS,
+                        "avg = mean of LiveCodeBench v5 and v6 avg@K.", LCB_PUBLIC_TESTS_NOTE),
+}
 
 
 def load_paper_table(path=PAPER_TABLE1) -> tuple[list[str], dict[tuple[str, str], dict]]:
@@ -27,11 +53,11 @@ def load_paper_table(path=PAPER_TABLE1) -> tuple[list[str], dict[tuple[str, str]
     return columns, rows
 
 
-def table1_avg(values: dict) -> float | None:
-    """The paper's "Avg." column: the mean of the six benchmarks' avg@K (whatever K was used);
-    None unless all six are present."""
+def table_avg(values: dict, benchmarks=TABLE1_BENCHMARKS) -> float | None:
+    """The paper's "Avg." column: the mean of the benchmarks' avg@K (whatever K was used); None
+    unless all of them are present."""
     found = []
-    for name in TABLE1_BENCHMARKS:
+    for name in benchmarks:
         prefix = f"{BENCHMARKS[name].column}_avg@"
         cells = [v for c, v in values.items() if c.startswith(prefix) and v is not None]
         if not cells:
@@ -40,25 +66,54 @@ def table1_avg(values: dict) -> float | None:
     return sum(found) / len(found)
 
 
+def table1_avg(values: dict) -> float | None:
+    """Table 1's "Avg.": the mean of the six math benchmarks' avg@K."""
+    return table_avg(values, TABLE1_BENCHMARKS)
+
+
+def table2_avg(values: dict) -> float | None:
+    """Table 2's "Avg.": the mean of LiveCodeBench v5 avg@8 and v6 avg@16."""
+    return table_avg(values, TABLE2_BENCHMARKS)
+
+
+def render_table2(results: dict, compare_paper: bool = True, missing: dict | None = None,
+                  out_dir=None, paper_csv=PAPER_TABLE2, digits: int = 1, note: str | None = None):
+    """Render Table 2 (code: LiveCodeBench v5 avg@8 / pass@8, v6 avg@16 / pass@16, avg), with the
+    public-tests caveat under it (``note`` replaces it). Same arguments and return value as
+    ``render_table1``; files ``table2.md`` / ``table2.csv``."""
+    return render_table(results, "table2", compare_paper, missing, out_dir, paper_csv, digits, note)
+
+
 def render_table1(results: dict, compare_paper: bool = True, missing: dict | None = None,
                   out_dir=None, paper_csv=PAPER_TABLE1, digits: int = 1):
-    """Render Table 1.
+    """Render Table 1 (see ``render_table``)."""
+    return render_table(results, "table1", compare_paper, missing, out_dir, paper_csv, digits)
+
+
+def render_table(results: dict, table: str = "table1", compare_paper: bool = True,
+                 missing: dict | None = None, out_dir=None, paper_csv=None, digits: int = 1,
+                 note: str | None = None):
+    """Render one of the paper's tables (``table1`` or ``table2``).
 
     results: {(base_model, method): {column: value (percent)}}; "avg" is computed when absent.
     missing: {(base_model, method): reason} for rows that could not be evaluated.
     compare_paper: include the paper's rows, values and deltas; else only our rows, and only
     the columns that hold a value.
-    out_dir: when given, also write <out_dir>/table1.md and table1.csv.
+    out_dir: when given, also write <out_dir>/<table>.md and <table>.csv.
+    note: a caveat printed under the table (default: the table's own, if any).
     Returns (markdown, rows); each row is {"base_model", "method", "status" ("ok" | "missing"),
     "reason", "cells": {column: {"ours", "paper", "delta"}}}.
     """
+    spec = TABLES[table]
+    paper_csv = paper_csv or spec.paper_csv
+    note = spec.note if note is None else note
     missing = {tuple(k): reason for k, reason in (missing or {}).items()}
     paper_columns, paper = load_paper_table(paper_csv) if compare_paper else ([], {})
     ours = {}
     for key, values in results.items():
         values = dict(values)
         if values.get("avg") is None:
-            values["avg"] = table1_avg(values)
+            values["avg"] = table_avg(values, spec.avg_benchmarks)
         ours[tuple(key)] = values
 
     columns = list(paper_columns)
@@ -85,12 +140,12 @@ def render_table1(results: dict, compare_paper: bool = True, missing: dict | Non
             row["cells"][c] = {"ours": mine, "paper": theirs, "delta": delta}
         rows.append(row)
 
-    markdown = _markdown(rows, columns, compare_paper, digits)
+    markdown = _markdown(rows, columns, compare_paper, digits, spec.avg_legend, note)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "table1.md").write_text(markdown, encoding="utf-8")
-        (out_dir / "table1.csv").write_text(_csv(rows, columns, compare_paper), encoding="utf-8")
+        (out_dir / f"{table}.md").write_text(markdown, encoding="utf-8")
+        (out_dir / f"{table}.csv").write_text(_csv(rows, columns, compare_paper), encoding="utf-8")
     return markdown, rows
 
 
@@ -107,7 +162,7 @@ def _cell(cell, compare_paper, digits) -> str:
     return f"{ours} / {_fmt(cell['paper'], digits)} / {_fmt(cell['delta'], digits, signed=True)}"
 
 
-def _markdown(rows, columns, compare_paper, digits) -> str:
+def _markdown(rows, columns, compare_paper, digits, avg_legend, note="") -> str:
     header = ["Base model", "Method", *columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
@@ -115,7 +170,9 @@ def _markdown(rows, columns, compare_paper, digits) -> str:
         lines.append("| " + " | ".join([row["base_model"], row["method"], *cells]) + " |")
     legend = ("Cells: ours / paper / Δ (ours − paper), in percent. " if compare_paper
               else "Cells: ours, in percent. ")
-    legend += "avg = mean of the six benchmarks' avg@K."
+    legend += avg_legend
+    if note:
+        legend += f"\n\n**Note.** {note}"
     notes = [f"- {r['base_model']} / {r['method']}: missing — {r['reason']}"
              for r in rows if r["status"] == "missing"]
     return "\n".join(lines + ["", legend] + (["", "Missing rows:", *notes] if notes else [])) + "\n"

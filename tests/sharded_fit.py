@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--strategy", choices=["single", "fsdp2", "ddp", "model_parallel_default"], default="single")
+    parser.add_argument("--budget", type=int, default=None, help="model.max_tokens_per_micro_batch (default: fixed 3 rows)")
     parser.add_argument("--nan_rank", type=int, default=None,
                         help="this rank's first update log-probs are NaN (a rank-local numerical failure)")
     parser.add_argument("--loss_agg", default="seq-mean-token-mean")
@@ -126,7 +127,8 @@ def main() -> None:
     if args.nan_rank is not None:
         _inject_nan(args.nan_rank)
     module = ASPOModule(model_name_or_path=args.model, loss="aspo", loss_kwargs={"loss_agg": args.loss_agg},
-                        lr=1e-3, warmup_steps=0, kl_coef=0.01, mini_batch_size=GROUPS, micro_batch_size=3)
+                        lr=1e-3, warmup_steps=0, kl_coef=0.01, mini_batch_size=GROUPS, micro_batch_size=3,
+                        max_tokens_per_micro_batch=args.budget)
     record = Record()
     trainer = Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=2, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -66,3 +66,21 @@ def test_lightning_default_mesh_is_refused(tiny_model_dir, tmp_path):
     proc, _ = _run(tiny_model_dir, tmp_path, 2, "model_parallel_default", "token-mean", timeout=300)
     assert proc.returncode != 0
     assert "FSDP2Strategy" in proc.stderr and "1 of 2 processes" in proc.stderr
+
+
+def test_token_budget_split_matches_fixed_micro_batches(tiny_model_dir, tmp_path):
+    """Token-budget micro-batches (sorted by length, each cut to its own width) give the gradient
+    of fixed micro-batches: the global normaliser makes the update independent of the split."""
+    fixed = _fit(tiny_model_dir, tmp_path, 1, "single", "seq-mean-token-mean")
+    budget = _fit(tiny_model_dir, tmp_path, 1, "single", "seq-mean-token-mean", "--budget", "40")
+    assert budget["grad_norms"] == pytest.approx(fixed["grad_norms"], rel=1e-6)
+    for name, value in fixed["weights"].items():
+        assert budget["weights"][name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
+        assert budget["abs_weights"][name] == pytest.approx(fixed["abs_weights"][name], rel=1e-6), name
+
+
+def test_token_budget_two_ranks_match_single(tiny_model_dir, tmp_path):
+    """With a token budget the ranks can need different numbers of micro-batches; they agree on the
+    largest count (FSDP2 gathers weights in every forward), and the result equals one process."""
+    single = _fit(tiny_model_dir, tmp_path, 1, "single", "token-mean", "--budget", "30")
+    _assert_same(single, _fit(tiny_model_dir, tmp_path, 2, "fsdp2", "token-mean", "--budget", "30"))

@@ -1,4 +1,5 @@
-"""Rewards for RL on math: math-verify correctness, DAPO overlong penalty."""
+"""Rewards: math-verify correctness and the DAPO overlong penalty (math), and the sandboxed
+execution reward (code, ``aspo_lit.rewards.code``)."""
 
 from aspo_lit.rewards.math_verify import (
     GradingTimeout,
@@ -13,8 +14,13 @@ from aspo_lit.rewards.math_verify import (
     overlong_penalty,
     remove_boxed,
 )
+from aspo_lit.rewards.code import CodeReward, SandboxUnavailable, code_gold, extract_code
 
 __all__ = [
+    "CodeReward",
+    "SandboxUnavailable",
+    "code_gold",
+    "extract_code",
     "GradingTimeout",
     "MathVerifyReward",
     "OverlongBuffer",

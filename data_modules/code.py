@@ -1,0 +1,272 @@
+"""CodeRLDataModule: code problems → G sampled programs per prompt → sandboxed execution reward.
+
+The paper's code runs (§7, Appendix B) train on DeepCoder, CodeContests and CodeForces problems
+with the same recipe as math (16 samples at T = 1.0), graded by running the program on the
+problem's tests (``aspo_lit.rewards.CodeReward``: 1 iff every test passes). Prompts are
+LiveCodeBench's generic code-generation template (``aspo_lit.code_prompts``), with the LeetCode
+starter code for functional problems.
+
+Rows come from a local JSONL/JSON/parquet file or folder, or an HF hub dataset id
+(``datasets.load_dataset``). Accepted layouts, normalized to ``{id, problem, starter_code,
+answer}`` where ``answer`` is the test spec string of ``aspo_lit.rewards.code.code_gold``:
+
+* the normalized one (``problem``, ``starter_code``, ``tests: [{input, output, type}]``,
+  ``fn_name``, optional ``time_limit_s`` / ``memory_limit_bytes``);
+* LiveCodeBench's (``question_content``, ``starter_code``, ``public_test_cases`` and
+  ``private_test_cases`` as JSON — the private ones possibly base64/zlib/pickle-encoded, decoded
+  here by an unpickler that refuses every global —, ``metadata: {"func_name"}``);
+* DeepCoder's (``problem``, ``tests`` as a JSON string: a list of ``{input, output, testtype,
+  metadata: {func_name}}``, or ``{"inputs": [...], "outputs": [...], "fn_name"?}``).
+
+A row without a statement or usable tests stops the run naming the file and line
+(``on_bad_row: error``) or is skipped, counted and logged (``skip``).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import pickle
+import re
+import zlib
+from typing import Any, Mapping
+
+from aspo_lit.code_prompts import encode_code_prompt
+from aspo_lit.rewards.code import code_gold
+from data_modules.math import MathRLDataModule
+from data_modules.prompts import BAD_ROW_POLICIES, BadRowError, RowReport, _raw_rows
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRAIN = "../shared/data/code/train/deepcoder_lcb.jsonl"
+_DEF = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Unpickles plain data only: any class or function reference is refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _json_or_encoded(value: Any) -> Any:
+    """A test list stored as JSON, or LiveCodeBench's base64(zlib(pickle(JSON string)))."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        pass
+    try:
+        decoded = _NoGlobals(io.BytesIO(zlib.decompress(base64.b64decode(value.encode())))).load()
+        return json.loads(decoded) if isinstance(decoded, (str, bytes)) else decoded
+    except Exception as err:   # noqa: BLE001 - any decoding failure is a bad row
+        raise ValueError(f"tests are neither JSON nor LiveCodeBench-encoded ({type(err).__name__})") from None
+
+
+def _tests_of(raw: Mapping[str, Any]) -> tuple[list[dict], str | None]:
+    """(tests [{input, output}], fn_name from the tests' metadata) of a raw row."""
+    fn_name = None
+    if "tests" in raw and raw["tests"] is not None:
+        tests = _json_or_encoded(raw["tests"])
+        parts = [tests]
+    else:
+        parts = [_json_or_encoded(raw.get(k)) for k in ("public_test_cases", "private_test_cases")
+                 if raw.get(k) not in (None, "", [])]
+    out: list[dict] = []
+    for part in parts:
+        if isinstance(part, Mapping) and "inputs" in part:   # {"inputs": [...], "outputs": [...]}
+            fn_name = part.get("fn_name") or fn_name
+            for i, o in zip(part["inputs"], part.get("outputs") or []):
+                if fn_name and isinstance(i, list):   # call-based: one JSON argument per line
+                    i = "\n".join(json.dumps(a) for a in i)
+                    o = json.dumps(o[0] if isinstance(o, list) and len(o) == 1 else o)
+                out.append({"input": i, "output": o})
+            continue
+        if not isinstance(part, list):
+            raise ValueError("'tests' must be a list of {input, output} objects")
+        for t in part:
+            if not isinstance(t, Mapping):
+                raise ValueError("every test must be an object with 'input' and 'output'")
+            meta = t.get("metadata")
+            if isinstance(meta, str):
+                try:
+                    meta = json.loads(meta)
+                except json.JSONDecodeError:
+                    meta = None
+            if isinstance(meta, Mapping) and meta.get("func_name"):
+                fn_name = meta["func_name"]
+            out.append({"input": t.get("input"), "output": t.get("output"),
+                        "type": t.get("type") or t.get("testtype")})
+    return out, fn_name
+
+
+def normalize_code_row(raw: Any, where: str, problem_key: str = "problem") -> dict[str, Any]:
+    """One raw row → ``{id, problem, starter_code, fn_name, num_tests, answer}``; raises
+    ``BadRowError`` naming ``where`` when it is unusable."""
+    if not isinstance(raw, Mapping):
+        raise BadRowError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    problem = raw.get(problem_key)
+    if problem is None and problem_key == "problem":
+        problem = raw.get("question_content") or raw.get("question")
+    if not isinstance(problem, str) or not problem.strip():
+        raise BadRowError(f"{where}: field {problem_key!r} is missing or not a non-empty string")
+    try:
+        tests, meta_fn = _tests_of(raw)
+    except (ValueError, TypeError) as err:
+        raise BadRowError(f"{where}: {err}") from None
+    if not tests:
+        raise BadRowError(f"{where}: no tests")
+    for i, t in enumerate(tests):
+        if not isinstance(t.get("input"), str) or not isinstance(t.get("output"), str):
+            raise BadRowError(f"{where}: test {i} needs string 'input' and 'output'")
+    starter = raw.get("starter_code") or ""
+    metadata = raw.get("metadata")
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except json.JSONDecodeError:
+            metadata = None
+    fn_name = raw.get("fn_name") or (metadata.get("func_name") if isinstance(metadata, Mapping) else None) \
+        or meta_fn
+    kinds = {t.get("type") for t in tests} - {None, "stdin_stdout"}
+    if "functional" in kinds and not fn_name and starter:
+        names = _DEF.findall(starter)
+        fn_name = names[-1] if names else None
+    if "functional" in kinds and not fn_name:
+        raise BadRowError(f"{where}: functional tests but no fn_name")
+    if fn_name and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
+        raise BadRowError(f"{where}: fn_name {fn_name!r} is not an identifier")
+    if "stdin" in kinds and fn_name and "functional" not in kinds:
+        fn_name = None   # stdin tests graded on stdout, whatever the metadata says
+    row = {"tests": tests, "fn_name": fn_name,
+           "time_limit_s": raw.get("time_limit_s"), "memory_limit_bytes": raw.get("memory_limit_bytes")}
+    return {"id": str(raw.get("id") or raw.get("question_id") or where), "problem": problem,
+            "starter_code": starter, "fn_name": fn_name, "num_tests": len(tests),
+            "answer": code_gold(row)}
+
+
+def load_code_rows(source: str, split: str = "train", on_bad_row: str = "error",
+                   problem_key: str = "problem") -> tuple[list[dict[str, Any]], RowReport]:
+    """Validated code rows of a file, folder or hub dataset (see the module docstring)."""
+    if on_bad_row not in BAD_ROW_POLICIES:
+        raise ValueError(f"on_bad_row must be one of {BAD_ROW_POLICIES}, got {on_bad_row!r}")
+    rows, report = [], RowReport(source)
+    for where, raw in _raw_rows(source, split):
+        try:
+            if isinstance(raw, Exception):
+                raise raw
+            rows.append(normalize_code_row(raw, where, problem_key))
+        except BadRowError as err:
+            if on_bad_row == "error":
+                raise
+            report.skipped.append(str(err))
+    report.kept = len(rows)
+    if report.skipped:
+        log.warning("%s: skipped %d bad rows, e.g. %s", source, len(report.skipped), report.skipped[0])
+    if not rows:
+        raise BadRowError(f"{source}: no usable code rows")
+    seen = set()
+    for row in rows:
+        if row["id"] in seen:
+            raise BadRowError(f"{source}: duplicate problem id {row['id']!r}")
+        seen.add(row["id"])
+    return rows, report
+
+
+class CodeRLDataModule(MathRLDataModule):
+    """`MathRLDataModule` for code: LiveCodeBench-style prompts, sandboxed execution reward.
+
+    Args:
+        train_files, val_files: local file/folder or HF hub id of code problems (any layout of
+            the module docstring); several sources can be joined with ``+``.
+        sandbox: ``bwrap`` (default) or ``rlimit`` (explicit opt-in to rlimit-only isolation).
+        reward_timeout_s: wall-clock limit per test (LiveCodeBench / DeepCoder: 6 s); CodeContests
+            rows use their own ``time_limit_s``.
+        reward_memory_mb: address-space limit per test process (rows' own limits win).
+        reward_workers: programs graded in parallel (default: CPU count).
+        reward_max_tests: run only the longest-input tests of large test sets (DeepCoder: 15).
+        reward_batch_timeout_s: optional bound on grading one rollout batch (programs not
+            finished by then score 0); by default each program is bounded by its own limits.
+        system_prompt: an optional system message (default none; DeepSeek-R1's recommendation).
+        enable_thinking: passed to the chat template (Qwen3 reads it; the paper uses
+            non-thinking mode for Qwen3).
+        hub_split: the split loaded from an HF hub id.
+        **kwargs: every `MathRLDataModule` argument (batch_size, group_size, engine, ...); a
+            ``reward`` object replaces the default ``CodeReward``.
+    """
+
+    def __init__(self, train_files: str = DEFAULT_TRAIN, val_files: str | None = None,
+                 sandbox: str = "bwrap", reward_timeout_s: float = 6.0, reward_memory_mb: int = 2048,
+                 reward_workers: int | None = None, reward_max_tests: int | None = None,
+                 reward_batch_timeout_s: float | None = None,
+                 system_prompt: str | None = None, enable_thinking: bool | None = False,
+                 hub_split: str = "train", **kwargs: Any) -> None:
+        if sandbox not in ("bwrap", "rlimit"):
+            raise ValueError(f"data.sandbox must be 'bwrap' or 'rlimit', got {sandbox!r}")
+        if reward_timeout_s <= 0:
+            raise ValueError(f"data.reward_timeout_s must be > 0, got {reward_timeout_s!r}")
+        super().__init__(train_files=train_files, val_files=val_files, **kwargs)
+        self.hparams.update(sandbox=sandbox, reward_timeout_s=reward_timeout_s,
+                            reward_memory_mb=reward_memory_mb, reward_workers=reward_workers,
+                            reward_max_tests=reward_max_tests, reward_batch_timeout_s=reward_batch_timeout_s,
+                            system_prompt=system_prompt,
+                            enable_thinking=enable_thinking, hub_split=hub_split)
+
+    # --- data -----------------------------------------------------------------------------
+
+    def _load_split(self, source: str) -> list[dict[str, Any]]:
+        rows = []
+        for part in str(source).split("+"):
+            rows += load_code_rows(part.strip(), split=self.hparams.hub_split, on_bad_row=self.hparams.on_bad_row,
+                                   problem_key=self.hparams.problem_key)[0]
+        return rows
+
+    def _encode(self, rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+        """Tokenize the LiveCodeBench prompts; drop (and count) those over `max_prompt_length`."""
+        hp = self.hparams
+        tokenizer = self.trainer.lightning_module.tokenizer
+        kept = []
+        for row in rows:
+            ids = encode_code_prompt(row["problem"], row.get("starter_code"), tokenizer, hp.prompt_template,
+                                     hp.enable_thinking, hp.system_prompt)
+            if len(ids) <= hp.max_prompt_length:
+                kept.append(dict(row, prompt_ids=ids))
+        dropped = len(rows) - len(kept)
+        self.stats[f"data/{split}_prompts"] = len(kept)
+        self.stats[f"data/{split}_dropped_long_prompts"] = dropped
+        if dropped:
+            log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d",
+                        split, dropped, len(rows), hp.max_prompt_length)
+        if not kept:
+            raise ValueError(f"data.max_prompt_length={hp.max_prompt_length} drops every {split} prompt")
+        return kept
+
+    # --- reward ---------------------------------------------------------------------------
+
+    @property
+    def reward(self):
+        if self._reward is None:
+            from aspo_lit.rewards.code import CodeReward
+
+            hp = self.hparams
+            self._reward = CodeReward(sandbox=hp.sandbox, timeout_s=hp.reward_timeout_s,
+                                      memory_limit_mb=hp.reward_memory_mb, num_workers=hp.reward_workers,
+                                      max_tests=hp.reward_max_tests,
+                                      batch_timeout_s=hp.reward_batch_timeout_s)
+        return self._reward
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit":   # a missing sandbox stops the run before any rollout, in one line
+            sandbox = getattr(self.reward, "sandbox_ready", None)
+            if sandbox is not None:
+                sandbox()
+
+    def teardown(self, stage: str) -> None:
+        super().teardown(stage)
+        if self._reward is not None and hasattr(self._reward, "close"):
+            self._reward.close()
+

@@ -1,0 +1,150 @@
+"""Code benchmarks in the evaluator (LiveCodeBench v5/v6, Table 2) and the Table 2 renderer."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from aspo_lit.benchmarks import BENCHMARKS, TABLE2_BENCHMARKS, load_benchmark
+from aspo_lit.evaluate import evaluate_model
+from aspo_lit.tables import LCB_PUBLIC_TESTS_NOTE, load_paper_table, render_table2
+
+REPO = Path(__file__).resolve().parents[1]
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (make setup)")
+
+
+class Completion:
+    def __init__(self, text, n_tokens):
+        self.text, self.token_ids, self.finish_reason, self.logprobs = text, [1] * n_tokens, "stop", None
+
+
+class CodeEngine:
+    """Answers sample j of every problem with a right program when j % 2 == 0, else a wrong one."""
+
+    def __init__(self, programs):
+        self.programs, self.prompts = programs, []
+
+    def attach(self, model, tokenizer, model_path):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, n=1, sampling=None):
+        out = []
+        for ids in prompts:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            self.prompts.append(text)
+            key = next(k for k in self.programs if k in text)
+            right, wrong = self.programs[key]
+            out.append([Completion(f"```python\n{right if j % 2 == 0 else wrong}\n```", 5) for j in range(n)])
+        return out
+
+    def close(self):
+        pass
+
+
+def test_code_benchmarks_registered():
+    assert TABLE2_BENCHMARKS == ("lcb_v5", "lcb_v6")
+    assert (BENCHMARKS["lcb_v5"].k, BENCHMARKS["lcb_v6"].k) == (8, 16)          # paper, Appendix B
+    assert all(BENCHMARKS[n].domain == "code" for n in TABLE2_BENCHMARKS)
+    with pytest.raises(FileNotFoundError, match="--data-path lcb_v5=FILE"):
+        load_benchmark("lcb_v5", data_dir="/nonexistent")
+
+
+def test_load_staged_lcb(shared_data_dir):
+    if not (shared_data_dir / "code" / "lcb_v5.jsonl").is_file():
+        pytest.skip("LiveCodeBench files not staged")
+    v5, v6 = load_benchmark("lcb_v5", data_dir=shared_data_dir), load_benchmark("lcb_v6", data_dir=shared_data_dir)
+    assert (len(v5), len(v6)) == (279, 131)
+    assert sum(bool(r["starter_code"]) for r in v5) == 104
+    assert load_benchmark("lcb_v5", path=shared_data_dir / "code")[0]["id"] == v5[0]["id"]
+
+
+@needs_bwrap
+def test_evaluate_code_benchmark(tmp_path, tiny_model_dir):
+    rows = [
+        {"id": "add", "problem": "Print the sum of two integers.", "starter_code": "",
+         "tests": [{"input": "1 2\n", "output": "3\n", "type": "stdin"}], "fn_name": None},
+        {"id": "rev", "problem": "Reverse a list.",
+         "starter_code": "class Solution:\n    def rev(self, a: List[int]) -> List[int]:\n        ",
+         "tests": [{"input": "[1, 2, 3]", "output": "[3, 2, 1]", "type": "functional"}], "fn_name": "rev"},
+    ]
+    path = tmp_path / "code.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    engine = CodeEngine({
+        "sum of two": ("a, b = map(int, input().split())\nprint(a + b)", "print(0)"),
+        "reverse a list": ("class Solution:\n    def rev(self, a):\n        return a[::-1]",
+                           "class Solution:\n    def rev(self, a):\n        return a"),
+    })
+    bench = {"name": "tinycode", "path": str(path), "k": 4, "domain": "code"}
+    results = evaluate_model(str(tiny_model_dir), [bench], tmp_path / "out", engine=engine,
+                             template="plain", max_tokens=8,
+                             code_reward={"timeout_s": 2.0, "num_workers": 2})
+    r = results["tinycode"]
+    assert (r["avg@k"], r["pass@k"], r["k"]) == (50.0, 100.0, 4)
+    assert any("class solution:" in p and "question:" in p for p in engine.prompts)   # starter code shown
+    records = [json.loads(x) for x in next((tmp_path / "out").glob("*/tinycode.samples.jsonl")).read_text().splitlines()]
+    assert {rec["status"] for rec in records} == {"passed", "wrong_answer"}
+    assert all(rec["answer_extracted"].startswith("code:") for rec in records)
+    meta = json.loads(next((tmp_path / "out").glob("*/tinycode.meta.json")).read_text())
+    assert meta["prompt_format"] == "livecodebench-generic"
+
+
+def test_render_table2_beside_the_paper(tmp_path):
+    columns, paper = load_paper_table(REPO / "aspo_lit" / "data" / "table2.csv")
+    assert columns == ["lcb_v5_avg@8", "lcb_v5_pass@8", "lcb_v6_avg@16", "lcb_v6_pass@16", "avg"]
+    assert paper[("DeepSeek-R1-Distill-Qwen-1.5B", "ASPO")]["avg"] == 31.0
+    ours = {("Qwen3-4B", "base"): {"lcb_v5_avg@8": 20.0, "lcb_v5_pass@8": 30.0, "lcb_v6_avg@16": 22.0,
+                                   "lcb_v6_pass@16": 33.0}}
+    markdown, rows = render_table2(ours, missing={("Qwen3-4B", "ASPO"): "no checkpoint"}, out_dir=tmp_path)
+    row = next(r for r in rows if (r["base_model"], r["method"]) == ("Qwen3-4B", "base"))
+    assert row["cells"]["avg"]["ours"] == pytest.approx(21.0)                        # mean of the avg@K
+    assert row["cells"]["lcb_v5_avg@8"]["delta"] == pytest.approx(20.0 - 23.8)
+    assert "| Qwen3-4B | base | 20.0 / 23.8 / -3.8 |" in markdown
+    assert "Qwen3-4B / ASPO: missing — no checkpoint" in markdown
+    assert LCB_PUBLIC_TESTS_NOTE in markdown and "upper bound" in markdown
+    with open(tmp_path / "table2.csv") as f:
+        status = {(r["base_model"], r["method"]): r["status"] for r in csv.DictReader(f)}
+    assert status[("Qwen3-4B", "base")] == "ok" and status[("DeepSeek-R1-Distill-Qwen-1.5B", "GRPO")] == "missing"
+
+
+def test_table2_configs_parse():
+    import yaml
+
+    for name in ("conf/table2.yaml", "conf/tiny/table2.yaml"):
+        config = yaml.safe_load((REPO / name).read_text())
+        assert config["table"] == "table2" and config["rows"]
+        names = [b if isinstance(b, str) else b["name"] for b in config["benchmarks"]]
+        assert {"lcb_v5", "lcb_v6"} <= set(names)
+    full = yaml.safe_load((REPO / "conf/table2.yaml").read_text())
+    _, paper = load_paper_table(REPO / "aspo_lit" / "data" / "table2.csv")
+    assert {(r["base_model"], r["method"]) for r in full["rows"]} == set(paper)
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_tiny_profile_table2(tmp_path, shared_data_dir):
+    """conf/tiny/table2.yaml end to end on the code testbed (built on first use): the base row
+    always, the GRPO/ASPO rows when the tiny code runs exist, else reported missing."""
+    import yaml
+
+    from aspo_lit.code_testbed import build_code_testbed
+    from aspo_lit.evaluate import run_table2
+
+    if not (shared_data_dir / "code" / "lcb_v5.jsonl").is_file():
+        pytest.skip("LiveCodeBench files not staged")
+    build_code_testbed()
+    config = yaml.safe_load((REPO / "conf" / "tiny" / "table2.yaml").read_text())
+    config["benchmarks"][0]["generate"]["n"] = 16
+    _, rows = run_table2({**config, "out_dir": str(tmp_path), "data_dir": str(shared_data_dir)}, root=REPO)
+    by_method = {r["method"]: r for r in rows}
+    base = by_method["base"]
+    assert base["status"] == "ok", base["reason"]
+    assert base["cells"]["tiny_code_heldout_avg@4"]["ours"] > 0          # the testbed writes working code
+    assert base["cells"]["lcb_v5_avg@2"]["ours"] is not None and base["cells"]["lcb_v6_pass@2"]["ours"] is not None
+    for method in ("GRPO", "ASPO"):
+        assert by_method[method]["status"] == "ok" or "conf/tiny/" in by_method[method]["reason"]
+    markdown = (tmp_path / "table2.md").read_text()
+    assert "upper bound" in markdown and (tmp_path / "table2.csv").is_file()

@@ -1,0 +1,592 @@
+"""CodeReward: LiveCodeBench test semantics, the sandbox against adversarial programs, parallel
+grading.
+
+Every adversarial program is written so that it would *pass* (score 1) if the protection it
+attacks were missing: e.g. the network attack prints what a local server sends it, and that is
+the expected output. ``test_weakened_sandbox_lets_each_attack_through`` (slow) proves it: it
+switches off one protection per attack and checks the attack then succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from aspo_lit.rewards.code import (
+    CodeReward,
+    SandboxUnavailable,
+    code_gold,
+    extract_code,
+    functional_match,
+    parse_gold,
+    stdout_match,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HAVE_BWRAP = shutil.which("bwrap") is not None
+needs_bwrap = pytest.mark.skipif(
+    not HAVE_BWRAP and os.environ.get("CI") != "true",
+    reason="bubblewrap (bwrap) is not installed; `make setup` installs it (required in CI)")
+
+
+def fenced(code: str) -> str:
+    return f"Here is my solution.\n```python\n{textwrap.dedent(code).strip()}\n```\n"
+
+
+def stdin_gold(*pairs, **extra) -> str:
+    return code_gold({"tests": [{"input": i, "output": o} for i, o in pairs], "fn_name": None, **extra})
+
+
+def functional_gold(fn_name, *pairs) -> str:
+    return code_gold({"tests": [{"input": i, "output": o} for i, o in pairs], "fn_name": fn_name})
+
+
+def sandbox_pids() -> list[int]:
+    """Live processes started by any CodeReward (their command line carries the run marker)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"aspo-sandbox-" in cmdline and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture(scope="module")
+def reward():
+    if not HAVE_BWRAP:
+        pytest.fail("bwrap is required in CI: run `make setup` (apt-get install bubblewrap)")
+    r = CodeReward(timeout_s=1.5, memory_limit_mb=512, num_workers=2)
+    yield r
+    r.close()
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+@pytest.mark.parametrize("pred, expected, ok", [
+    ("3\n", "3", True),
+    ("  3  \r\n\n", "3\r\n", True),                 # whole-output and per-line strip
+    ("1.0", "1", True),                             # Decimal token compare
+    ("0.10 0.20\n", "0.1 0.2", True),
+    ("1e2", "100", True),
+    ("1.000001", "1", False),                       # no float tolerance
+    ("1 2", "1  2", True),                          # tokens, not spacing
+    ("abc", "abd", False),
+    ("Yes", "yes", False),
+    ("1\n2", "1 2", False),                         # line counts must agree
+    ("1\n\n2", "1\n2", False),
+    ("", "0", False),
+    ("nan", "nan", True),                           # equal as strings
+    ("NaN 1", "nan 1", False),                      # Decimal NaN != NaN
+    ("x 1", "x 1.0", False),                        # a non-numeric token: string compare only
+])
+def test_stdout_match_lcb_semantics(pred, expected, ok):
+    assert stdout_match(pred, expected) is ok
+
+
+@pytest.mark.parametrize("pred, expected, ok", [
+    ([1, 2], "[1, 2]", True),
+    ((1, 2), "[1, 2]", True),                       # a returned tuple counts as a list
+    ([(1, 2)], "[[1, 2]]", False),                  # ... only at the top level (LCB)
+    (1, "true", True),                              # Python's ==, as LCB
+    (2.0, "2", True),
+    ("a", "\"a\"", True),
+    ({"a": 1}, "{\"a\": 1}", True),
+    ([1, 2], "[2, 1]", False),
+    (None, "null", True),
+    ([1], "not json", False),
+])
+def test_functional_match(pred, expected, ok):
+    assert functional_match(pred, expected) is ok
+
+
+def test_extract_code():
+    assert extract_code("```python\nprint(1)\n```") == "print(1)\n"
+    two = "```python\nprint(1)\n```\ntext\n```py\nprint(2)\n```"
+    assert extract_code(two) == "print(2)\n"
+    assert extract_code("```python\nprint(1)\n```\n```bash\nls\n```") == "print(1)\n"   # python only
+    assert extract_code("```\nprint(3)\n```") == "print(3)\n"                          # untagged
+    assert extract_code("```python\nprint(1)\n```\n```python\nprint(2)") == "print(1)\n"  # unclosed
+    assert extract_code("<think>```python\nprint(1)\n```</think> no code") is None
+    assert extract_code("<think>draft</think>```python\nprint(5)\n```") == "print(5)\n"
+    assert extract_code("no code at all") is None
+    assert extract_code("```python\n\n```") is None
+
+
+def test_gold_round_trip():
+    row = {"tests": [{"input": "1\n", "output": "2\n", "type": "stdin"}], "fn_name": None,
+           "time_limit_s": 2.0, "memory_limit_bytes": 256000000}
+    spec = parse_gold(code_gold(row))
+    assert spec.tests == (("1\n", "2\n"),) and spec.kind == "stdin"
+    assert spec.time_limit_s == 2.0 and spec.memory_limit_bytes == 256000000
+    assert parse_gold(json.loads(code_gold(row))) == spec
+    with pytest.raises(ValueError):
+        parse_gold({"tests": []})
+    with pytest.raises(ValueError):
+        parse_gold({"tests": [{"input": "1", "output": "1"}], "fn_name": "not an id"})
+
+
+# --------------------------------------------------------------------------- positive grading
+
+SUM = stdin_gold(("1 2\n", "3\n"), ("10 -4\n", "6\n"))
+
+
+@needs_bwrap
+def test_correct_and_wrong_stdin_solutions(reward):
+    good = fenced("a, b = map(int, input().split())\nprint(a + b)")
+    reads_buffer = fenced("import sys\na, b = map(int, sys.stdin.buffer.read().split())\nprint(a + b)")
+    main_guard = fenced("""
+        def main():
+            a, b = map(int, input().split())
+            print(a + b)
+        if __name__ == "__main__":
+            main()
+    """)
+    wrong = fenced("a, b = map(int, input().split())\nprint(a - b)")
+    first_only = fenced("print(3)")
+    crash_after_output = fenced("a, b = map(int, input().split())\nprint(a + b)\nraise ValueError")
+    exit_after_output = fenced("import sys\na, b = map(int, input().split())\nprint(a + b)\nsys.exit(0)")
+    texts = [good, reads_buffer, main_guard, wrong, first_only, crash_after_output, exit_after_output]
+    results = reward.run_batch(texts, [SUM] * len(texts))
+    assert [r.status for r in results] == ["passed", "passed", "passed", "wrong_answer", "wrong_answer",
+                                           "runtime_error", "passed"]
+    assert results[4].failed_test == 1 and results[4].tests_run == 2   # stops at the first failure
+    assert reward.batch(texts, [SUM] * len(texts)) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+
+
+@needs_bwrap
+def test_functional_solutions(reward):
+    gold = functional_gold("twoLargest", ("[3, 1, 2]\n2", "[3, 2]"), ("[5, 5]\n1", "[5]"))
+    good = fenced("""
+        class Solution:
+            def twoLargest(self, nums: List[int], k: int) -> List[int]:
+                return tuple(sorted(nums, reverse=True)[:k])
+    """)
+    top_level = fenced("""
+        def twoLargest(nums, k):
+            return sorted(nums)[::-1][:k]
+    """)
+    wrong = fenced("""
+        class Solution:
+            def twoLargest(self, nums, k):
+                return sorted(nums)[:k]
+    """)
+    cheat_eq = fenced("""
+        class Anything(list):
+            def __eq__(self, other):
+                return True
+        class Solution:
+            def twoLargest(self, nums, k):
+                return Anything()
+    """)
+    exits = fenced("""
+        import sys
+        class Solution:
+            def twoLargest(self, nums, k):
+                sys.exit(0)
+    """)
+    results = reward.run_batch([good, top_level, wrong, cheat_eq, exits], [gold] * 5)
+    assert [r.status for r in results] == ["passed", "passed", "wrong_answer", "wrong_answer",
+                                           "runtime_error"]
+
+
+@needs_bwrap
+def test_compile_error_and_no_code(reward):
+    assert reward.run(fenced("def f(:\n  pass"), SUM).status == "compile_error"
+    assert reward.run("I cannot solve this.", SUM).status == "no_code"
+    assert reward.run(fenced("print(3)"), "{not json").status == "bad_gold"
+
+
+@needs_bwrap
+def test_row_time_and_memory_limits(reward):
+    sleepy = fenced("import time\ntime.sleep(1.2)\nprint(1)")
+    tight = stdin_gold(("", "1"), time_limit_s=0.5)
+    loose = stdin_gold(("", "1"), time_limit_s=3.0)
+    assert [r.status for r in reward.run_batch([sleepy, sleepy], [tight, loose])] == ["timeout", "passed"]
+    hungry = fenced("x = bytearray(400 * 2**20)\nprint(1)")
+    small = stdin_gold(("", "1"), memory_limit_bytes=300 * 2**20)
+    big = stdin_gold(("", "1"), memory_limit_bytes=1024 * 2**20)
+    assert [r.status for r in reward.run_batch([hungry, hungry], [small, big])] == ["runtime_error", "passed"]
+
+
+@needs_bwrap
+def test_batch_is_parallel_and_bounded():
+    r = CodeReward(timeout_s=1.0, num_workers=2, batch_timeout_s=2.5)
+    try:
+        loops = [fenced(f"# variant {i}\nwhile True: pass") for i in range(8)]
+        start = time.monotonic()
+        scores = r.batch(loops + [fenced("print(3)")], [stdin_gold(("", "3"))] * 9)
+        elapsed = time.monotonic() - start
+        assert scores[:8] == [0.0] * 8
+        assert elapsed < 5.0, f"batch took {elapsed:.1f}s despite batch_timeout_s=2.5"
+    finally:
+        r.close()
+    assert not sandbox_pids()
+
+
+@needs_bwrap
+def test_identical_programs_run_once(reward, monkeypatch):
+    calls = []
+    real = CodeReward._run_program
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CodeReward, "_run_program", counting)
+    good = fenced("a, b = map(int, input().split())\nprint(a + b)")
+    assert reward.batch([good] * 6, [SUM] * 6) == [1.0] * 6
+    assert len(calls) == 1
+
+
+def test_missing_bwrap_is_one_clear_line():
+    r = CodeReward(bwrap="/nonexistent/bwrap")
+    with pytest.raises(SandboxUnavailable) as err:
+        r.batch([fenced("print(1)")], [stdin_gold(("", "1"))])
+    message = str(err.value)
+    assert "\n" not in message and "sandbox='rlimit'" in message and "bubblewrap" in message
+    assert r("no code here", stdin_gold(("", "1"))) == 0.0     # nothing to run: no sandbox needed
+
+
+def test_picklable():
+    r = CodeReward(timeout_s=2.0, sandbox="rlimit")
+    clone = pickle.loads(pickle.dumps(r))
+    assert clone.timeout_s == 2.0 and clone.sandbox == "rlimit" and clone._pool is None
+
+
+# --------------------------------------------------------------------------- adversarial programs
+
+
+def _attack(name: str, tmp_path: Path, secret_port: int | None = None):
+    """(program, gold, per-attack note) for one adversarial case. Each program would pass if the
+    protection it attacks were missing."""
+    marker = f"pwned-{uuid.uuid4().hex[:8]}"
+    if name == "infinite_loop":
+        return fenced("print(3, flush=True)\nwhile True:\n    pass"), stdin_gold(("", "3")), {}
+    if name == "fork_bomb":
+        return fenced("""
+            import os
+            print(3, flush=True)
+            while True:
+                try:
+                    os.fork()
+                except OSError:
+                    pass
+        """), stdin_gold(("", "3")), {}
+    if name == "fork_count":   # a bounded bomb: passes only if 200 processes could be made
+        return fenced("""
+            import os, time
+            n = 0
+            for _ in range(200):
+                try:
+                    pid = os.fork()
+                except OSError:
+                    break
+                if pid == 0:
+                    time.sleep(1000)
+                    os._exit(0)
+                n += 1
+            print(n)
+        """), stdin_gold(("", "200")), {}
+    if name == "alloc_10gb":
+        return fenced("x = bytes(10 * 2**30)\nprint(len(x))"), \
+            stdin_gold(("", str(10 * 2**30))), {}
+    if name == "write_outside":
+        targets = [str(tmp_path / marker), str(REPO_ROOT / marker), str(Path.home() / marker),
+                   f"/var/tmp/{marker}", f"/dev/shm/{marker}", f"/{marker}", f"/usr/{marker}"]
+        code = f"""
+            written = []
+            for path in {targets!r}:
+                try:
+                    with open(path, "w") as f:
+                        f.write("x")
+                    written.append(path)
+                except OSError:
+                    pass
+            print("written" if written else "blocked")
+        """
+        return fenced(code), stdin_gold(("", "written")), {"targets": targets}
+    if name == "read_repo":
+        first_line = (REPO_ROOT / "README.md").read_text().splitlines()[0]
+        return fenced(f"print(open({str(REPO_ROOT / 'README.md')!r}).readline().strip())"), \
+            stdin_gold(("", first_line)), {}
+    if name == "read_home":   # ~/.ssh when there is one, else the home folder's listing
+        home = Path.home()
+        target = home / ".ssh" if (home / ".ssh").is_dir() else home
+        listing = json.dumps(sorted(os.listdir(target)))
+        return fenced(f"import os, json\nprint(json.dumps(sorted(os.listdir({str(target)!r}))))"), \
+            stdin_gold(("", listing)), {}
+    if name == "network":
+        return fenced(f"""
+            import socket
+            s = socket.create_connection(("127.0.0.1", {secret_port}), timeout=1)
+            print(s.recv(100).decode())
+        """), stdin_gold(("", "token-from-the-host")), {}
+    if name == "kill_parent":   # kill every ancestor it can see, then print the right answer
+        return fenced("""
+            import os, signal
+            pid = os.getpid()
+            for _ in range(3):
+                with open(f"/proc/{pid}/stat") as f:
+                    pid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if pid <= 1:
+                    break
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            print(3, flush=True)
+        """), stdin_gold(("", "3")), {}
+    if name == "print_100mb":   # LCB strips the output: the trailing blanks would not matter
+        return fenced("import sys\nprint(3)\nsys.stdout.write(' ' * 100_000_000)"), stdin_gold(("", "3")), {}
+    if name == "exit_before_output":
+        return fenced("import sys\nsys.exit(0)\nprint(3)"), stdin_gold(("", "3")), {}
+    if name == "read_expected":
+        token = f"EXPECTED-{uuid.uuid4().hex}"
+        (tmp_path / "expected.txt").write_text(token)
+        code = f"""
+            import os, re
+            pat = re.compile(r"EXPECTED-[0-9a-f]{{32}}")
+            found = []
+            def look(text):
+                found.extend(pat.findall(text))
+            look(" ".join(os.environ.values()))
+            for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+                for part in ("cmdline", "environ"):
+                    try:
+                        look(open(f"/proc/{{pid}}/{{part}}", "rb").read().decode("latin-1"))
+                    except OSError:
+                        pass
+            for root in ("/tmp", {str(tmp_path)!r}, {str(REPO_ROOT)!r}):
+                for folder, _, files in os.walk(root):
+                    for name in files[:200]:
+                        try:
+                            look(open(os.path.join(folder, name), "rb").read(1 << 16).decode("latin-1"))
+                        except OSError:
+                            pass
+            print(found[0] if found else "none")
+        """
+        return fenced(code), stdin_gold(("", token)), {"token": token}
+    raise KeyError(name)
+
+
+ATTACKS = ["infinite_loop", "fork_bomb", "fork_count", "alloc_10gb", "write_outside", "read_repo",
+           "read_home", "network", "kill_parent", "print_100mb", "exit_before_output", "read_expected"]
+
+
+@pytest.fixture
+def host_server():
+    """A TCP server on the host's loopback that greets every client with a token."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"token-from-the-host")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(2)
+    server.close()
+
+
+def _leftover_files(details) -> list[str]:
+    return [p for p in details.get("targets", []) if os.path.exists(p) and not p.startswith("/tmp/")]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("name", ATTACKS)
+def test_adversarial_program_scores_zero_and_leaves_nothing(name, reward, tmp_path, host_server,
+                                                           monkeypatch):
+    program, gold, details = _attack(name, tmp_path, host_server)
+    if "token" in details:   # the grader's own environment holds the expected output
+        monkeypatch.setenv("ASPO_TEST_EXPECTED", details["token"])
+    before = set(os.listdir(tempfile_dir()))
+    start = time.monotonic()
+    result = reward.run(program, gold)
+    elapsed = time.monotonic() - start
+    limits = reward.limits_for(parse_gold(gold), 1)
+    assert result.score == 0.0, f"{name}: {result}"
+    assert elapsed <= limits.per_test_s + 3.0, f"{name} took {elapsed:.1f}s"
+    assert not sandbox_pids(), f"{name} left processes behind"
+    assert not _leftover_files(details), f"{name} wrote {_leftover_files(details)}"
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("pwned-")]
+    assert not {p for p in set(os.listdir(tempfile_dir())) - before if p.startswith(("aspo-code-", "pwned-"))}
+    # the grader is intact: the next program is graded normally
+    assert reward(fenced("print(3)"), stdin_gold(("", "3"))) == 1.0
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+# Each attack with the one protection it defeats switched off: the attack must then succeed,
+# which shows that the protection (not luck) is what stops it above.
+WEAKENINGS = {
+    "infinite_loop": ("no per-test time limit", dict(timeout_s=60, batch_timeout_s=6.0), {}),
+    "fork_count": ("no process limit", dict(max_processes=100_000), {}),
+    "alloc_10gb": ("no address-space limit", dict(memory_limit_mb=64 * 1024), {}),
+    "write_outside": ("the host temp folder bound writable", {}, "bind_tmp"),
+    "read_repo": ("the repository bound", {}, "bind_repo"),
+    "read_home": ("the home folder bound, uid 0 kept", {}, "bind_home"),
+    "network": ("no network namespace", {}, dict(unshare_net=False)),
+    "print_100mb": ("no output limit", dict(max_output_mb=256), {}),
+    "read_expected": ("the grader's environment passed in", {}, dict(clear_env=False)),
+}
+
+
+def _mem_total_gb() -> float:
+    with open("/proc/meminfo") as f:
+        return int(f.readline().split()[1]) / 2**20
+
+
+@needs_bwrap
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WEAKENINGS))
+def test_weakened_sandbox_lets_each_attack_through(name, tmp_path, host_server, monkeypatch):
+    what, reward_kwargs, sandbox_change = WEAKENINGS[name]
+    if name == "alloc_10gb" and _mem_total_gb() < 12:
+        pytest.skip("a 10 GB allocation fails here even without an address-space limit (overcommit)")
+    program, gold, details = _attack(name, tmp_path, host_server)
+    if "token" in details:
+        monkeypatch.setenv("ASPO_TEST_EXPECTED", details["token"])
+    r = CodeReward(**{"timeout_s": 2.0, "memory_limit_mb": 512, **reward_kwargs})
+    if sandbox_change == "bind_tmp":
+        r.sandbox_config = replace(r.sandbox_config, extra_binds=((str(tmp_path), str(tmp_path)),),
+                                   run_as_uid=None)
+    elif sandbox_change == "bind_repo":
+        r.sandbox_config = replace(r.sandbox_config, extra_binds=((str(REPO_ROOT), str(REPO_ROOT)),))
+    elif sandbox_change == "bind_home":
+        home = str(Path.home())
+        r.sandbox_config = replace(r.sandbox_config, extra_binds=((home, home),), run_as_uid=None)
+    elif sandbox_change:
+        r.sandbox_config = replace(r.sandbox_config, **sandbox_change)
+    try:
+        start = time.monotonic()
+        result = r.run(program, gold)
+        elapsed = time.monotonic() - start
+    finally:
+        r.close()
+        for pid in sandbox_pids():   # the weakened fork bomb's sleepers, if any survived
+            os.kill(pid, 9)
+    if name == "infinite_loop":   # without the per-test limit only the batch bound ends it
+        assert result.status == "timeout" and elapsed >= 5.5, (elapsed, result)
+    else:
+        assert result.score == 1.0, f"{name} with {what}: {result}"
+    if name == "write_outside":
+        assert [p for p in os.listdir(tmp_path) if p.startswith("pwned-")]
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_weakened_pid_namespace_lets_kill_parent_kill_the_grader(tmp_path):
+    """Without the pid namespace (and as uid 0), the kill-your-ancestors program kills the grader
+    itself; run in a separate grader process so that this test survives."""
+    program, gold, _ = _attack("kill_parent", tmp_path)
+    script = textwrap.dedent(f"""
+        import sys
+        from dataclasses import replace
+        from aspo_lit.rewards.code import CodeReward
+        r = CodeReward(timeout_s=2.0)
+        r.sandbox_config = replace(r.sandbox_config, unshare_pid={{weak}}, run_as_uid=None)
+        print("score", r({program!r}, {gold!r}), flush=True)
+    """)
+    strong = subprocess.run([sys.executable, "-c", script.replace("{weak}", "True")], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert strong.returncode == 0 and "score 0.0" in strong.stdout, strong.stderr[-2000:]
+    weak = subprocess.run([sys.executable, "-c", script.replace("{weak}", "False")], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert weak.returncode == -9, (weak.returncode, weak.stdout, weak.stderr[-2000:])
+
+
+# --------------------------------------------------------------------------- rlimit-only mode
+
+
+def test_rlimit_mode_grades_and_contains_loops_and_bombs():
+    r = CodeReward(sandbox="rlimit", timeout_s=1.0, memory_limit_mb=512, num_workers=2)
+    try:
+        good = fenced("a, b = map(int, input().split())\nprint(a + b)")
+        bomb, gold, _ = _attack("fork_bomb", Path("/nonexistent"))
+        loop, _, _ = _attack("infinite_loop", Path("/nonexistent"))
+        start = time.monotonic()
+        assert r.batch([good, bomb, loop], [SUM, gold, gold]) == [1.0, 0.0, 0.0]
+        assert time.monotonic() - start < 10
+    finally:
+        r.close()
+    assert not sandbox_pids()
+
+
+# --------------------------------------------------------------------------- staged LiveCodeBench rows
+
+
+@needs_bwrap
+def test_real_lcb_rows(reward, shared_data_dir):
+    path = shared_data_dir / "code" / "lcb_v5.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} not staged")
+    rows = {json.loads(line)["id"]: json.loads(line) for line in path.open()}
+    for row in rows.values():   # every staged row parses into a spec
+        assert parse_gold(code_gold(row)).kind == ("functional" if row["fn_name"] else "stdin")
+    stdin_row = rows["lcb-abc365_b"]        # index of the second largest element
+    solution = fenced("""
+        n = int(input())
+        a = list(map(int, input().split()))
+        print(sorted(range(n), key=lambda i: a[i])[-2] + 1)
+    """)
+    assert reward(solution, code_gold(stdin_row)) == 1.0
+    assert reward(fenced("print(1)"), code_gold(stdin_row)) == 0.0
+    functional = next(r for r in rows.values() if r["fn_name"] == "shortestDistanceAfterQueries")
+    bfs = fenced("""
+        from collections import deque
+        class Solution:
+            def shortestDistanceAfterQueries(self, n: int, queries: List[List[int]]) -> List[int]:
+                adj = [[i + 1] for i in range(n - 1)] + [[]]
+                out = []
+                for u, v in queries:
+                    adj[u].append(v)
+                    dist = [-1] * n
+                    dist[0] = 0
+                    q = deque([0])
+                    while q:
+                        x = q.popleft()
+                        for y in adj[x]:
+                            if dist[y] < 0:
+                                dist[y] = dist[x] + 1
+                                q.append(y)
+                    out.append(dist[n - 1])
+                return out
+    """)
+    assert reward(bfs, code_gold(functional)) == 1.0
