@@ -21,6 +21,7 @@ from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
 from aspo_lit.losses import PolicyLoss, aggregate, agg_normalizer, effective_token_weight, get_policy_loss, kl_penalty
 from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_decoder_layers
 from aspo_lit.rollout.batch import RolloutBatch
+from aspo_lit.sampler_mismatch import mismatch_stats, truncated_is_weights
 from aspo_lit.seeding import derived_seed
 
 
@@ -89,6 +90,10 @@ class ASPOModule(LightningModule):
             bf16 compute comes from the strategy (`aspo_lit.strategy.FSDP2Strategy(param_dtype=
             "bfloat16")`); pure bf16 weights do not move at the paper's lr of 1e-6.
         max_nonfinite_steps: consecutive skipped (non-finite) optimizer steps before stopping.
+        rollout_is_cap: truncated importance sampling against the sampler/trainer mismatch: each
+            token's policy-gradient term is weighted by ``min(π_old / π_sampler, cap)`` (TRL's
+            ``vllm_importance_sampling_correction``, verl's rollout IS); null (default) is off.
+            Needs the engine's log-probs (every rollout carries them).
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class ASPOModule(LightningModule):
         torch_dtype: str = "float32",
         max_nonfinite_steps: int = 3,
         shuffle_mini_batches: bool = False,
+        rollout_is_cap: float | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -263,6 +269,14 @@ class ASPOModule(LightningModule):
         t0 = time.perf_counter()
         old_logprobs, entropy, ref_logprobs = self._pre_update_pass(batch)
         t_old = time.perf_counter() - t0
+        rollout_stats = {}
+        if batch.rollout_logprobs is not None:
+            rollout_stats = mismatch_stats(old_logprobs, batch.rollout_logprobs, mask)
+            if self.hparams.rollout_is_cap is not None:
+                weights = truncated_is_weights(old_logprobs, batch.rollout_logprobs, self.hparams.rollout_is_cap)
+                advantages = advantages[:, None] * weights  # per-token advantage: each token's term x weight
+        elif self.hparams.rollout_is_cap is not None:
+            raise ValueError("model.rollout_is_cap needs the rollout engine's log-probs, but this batch has none")
 
         last_logprobs = old_logprobs.clone()
         token_weight = torch.zeros_like(old_logprobs)
@@ -326,7 +340,7 @@ class ASPOModule(LightningModule):
             "logprobs": last_logprobs,
             "token_weight": token_weight,
             "response_mask": mask,
-            "advantages": advantages,
+            "advantages": batch.advantages.float(),
             "rewards": batch.rewards.float(),
             "response_lengths": batch.response_lengths,
             "truncated": torch.tensor([r == "length" for r in batch.finish_reasons], dtype=torch.bool),
@@ -336,6 +350,7 @@ class ASPOModule(LightningModule):
             "grad_norm": sum(finite_norms) / len(finite_norms) if finite_norms else float("nan"),
             "skipped_steps": skipped,
             "batch_stats": dict(batch.stats),
+            "rollout_stats": rollout_stats,
             "timings": timings,
             "num_tokens": int(mask.sum().item()),
         }
@@ -440,6 +455,9 @@ def _validate_hparams(args: dict[str, Any]) -> None:
         if not isinstance(args[key], int) or args[key] < 1:
             raise ValueError(f"model.{key} must be a positive integer, got {args[key]!r}")
     budget = args["max_tokens_per_micro_batch"]
+    cap = args["rollout_is_cap"]
+    if cap is not None and not cap > 0:
+        raise ValueError(f"model.rollout_is_cap must be > 0 or null, got {cap!r}")
     if budget is not None and (not isinstance(budget, int) or budget < 1):
         raise ValueError(f"model.max_tokens_per_micro_batch must be a positive integer or null, got {budget!r}")
     for key in ("lr", "max_grad_norm", "temperature"):

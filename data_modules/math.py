@@ -198,7 +198,7 @@ class MathRLDataModule(LightningDataModule):
         """G samples per prompt with the current weights, graded, with group advantages."""
         hp = self.hparams
         sampling = SamplingConfig(temperature=hp.temperature, top_p=hp.top_p, max_tokens=hp.max_response_length,
-                                  stop=hp.stop, seed=seed)
+                                  stop=hp.stop, seed=seed, logprobs=True)
         completions, sync_s, rollout_s = self._generate(records, hp.group_size, sampling)
         texts = [c.text for group in completions for c in group]
         golds = [r["answer"] for r in records for _ in range(hp.group_size)]
@@ -294,6 +294,7 @@ class MathRLDataModule(LightningDataModule):
             response_lengths=packed["response_lengths"],
             stats={},
             timings={},
+            rollout_logprobs=packed["engine_logprobs"],
         ).to(self.trainer.lightning_module.device)
 
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

@@ -60,6 +60,11 @@ def test_same_seed_same_metrics(testbed, tmp_path):
     assert main(fit_args(testbed, tmp_path, "b", 4)) == 0
     first, second = (deterministic_part(read_metrics(tmp_path / n)) for n in ("a", "b"))
     assert len(first) == 2 and "train/reward_mean" in first[0] and "train/entropy" in first[0]
+    # the sampler/trainer mismatch is logged every step; the transformers engine samples from the
+    # policy itself in fp32, so it is tiny (a bf16 vLLM engine on GPU shows far more)
+    for row in first.values():
+        assert 0.0 <= float(row["rollout/logprob_diff_mean"]) <= float(row["rollout/logprob_diff_max"]) < 1e-3
+        assert abs(float(row["rollout/is_ratio_mean"]) - 1.0) < 1e-3
     assert first == second
     assert main(fit_args(testbed, tmp_path, "c", 4, "--seed_everything=1", "--data.init_args.seed=1")) == 0
     assert deterministic_part(read_metrics(tmp_path / "c")) != first

@@ -15,7 +15,9 @@ Every value is reduced across ranks by what it is a mean of:
   except counts (keys in ``sum_keys`` or containing ``count``), which are summed;
 * ``timing/*`` — max over ranks (the slowest rank sets the pace), plus ``timing/step_s``, this
   callback's wall clock from batch start to batch end;
-* ``perf/tokens_per_s`` — Σ_ranks ``num_tokens`` / ``timing/step_s``.
+* ``perf/tokens_per_s`` — Σ_ranks ``num_tokens`` / ``timing/step_s``;
+* ``rollout/logprob_diff_mean``, ``rollout/is_ratio_mean`` (sampler/trainer mismatch, see
+  `aspo_lit.sampler_mismatch`) — weighted by the rank's response tokens; ``*_max`` — max.
 
 Every rank must return the same keys in ``loss_stats``, ``batch_stats`` and ``timings`` (they
 are reduced key by key, in sorted order).
@@ -81,11 +83,17 @@ class TrainingStats(Diagnostic):
             summed = global_sum([float(batch_stats[k]) for k in counts], trainer=trainer)
             metrics.update(zip(counts, summed.unbind()))
 
+        rollout = dict(sorted((d.get("rollout_stats") or {}).items()))
+        n_rollout = rollout.pop("rollout/num_tokens", None)
+        if rollout:
+            metrics.update(weighted_means({k: (v, n_rollout) for k, v in rollout.items() if k.endswith("_mean")},
+                                          trainer=trainer))
         maxes = {"train/grad_norm": d.get("grad_norm", float("nan")),
                  "train/skipped_steps": d.get("skipped_steps", 0),
                  "response/length_max": lengths,
                  "timing/step_s": step_s}
         maxes.update({_name(k, "timing"): v for k, v in sorted((d.get("timings") or {}).items())})
+        maxes.update({k: v for k, v in rollout.items() if k.endswith("_max")})
         metrics.update(global_maxes(maxes, trainer=trainer))
         num_tokens = global_sum(d.get("num_tokens", n_tokens), trainer=trainer)
         metrics["perf/tokens_per_s"] = num_tokens / metrics["timing/step_s"]

@@ -38,6 +38,7 @@ class RolloutBatch:
     response_lengths: torch.LongTensor  # [N]
     stats: dict[str, float] = field(default_factory=dict)  # batch/solve_all, batch/solve_none, ...
     timings: dict[str, float] = field(default_factory=dict)  # timing/rollout_s, timing/reward_s, ...
+    rollout_logprobs: torch.FloatTensor | None = None  # [N, T] the engine's log-probs of its samples (0 on padding)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "RolloutBatch":
         """A copy with every tensor field on ``device`` (other fields shared)."""

@@ -29,8 +29,10 @@ def _rows(fields: dict, rows: list[int], prompt_width: int, response_width: int,
         left = torch.full((len(rows), prompt_width - P), fill, dtype=x.dtype)
         right = torch.full((len(rows), response_width - T), fill, dtype=x.dtype)
         out[key] = torch.cat([left, x[:, :P], x[:, P:], right], 1)
-    mask = fields["response_mask"][rows]
-    out["response_mask"] = torch.cat([mask, torch.zeros(len(rows), response_width - T, dtype=mask.dtype)], 1)
+    for key in ("response_mask", "rollout_logprobs"):
+        if fields.get(key) is not None:
+            x = fields[key][rows]
+            out[key] = torch.cat([x, torch.zeros(len(rows), response_width - T, dtype=x.dtype)], 1)
     for key in ("rewards", "advantages", "response_lengths"):
         out[key] = fields[key][rows]
     for key in ("texts", "prompts", "answers", "finish_reasons"):
