@@ -9,11 +9,11 @@ CONFIGS ?=
 PROFILE ?= paper
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-all demo testbed rehearse reproduce-table1 figure2 study study-quick bench clean help
+.PHONY: setup test test-all demo testbed gpu-check rehearse reproduce-table1 figure2 study study-quick bench clean help
 .PHONY: testbed-code tiny-code reproduce-table2 bench-code
 
 help:
-	@echo "make demo | test | test-all | setup | testbed | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | bench"
+	@echo "make demo | test | test-all | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | bench"
 	@echo "code:  make testbed-code | tiny-code | reproduce-table2 [PROFILE=tiny] | bench-code"
 
 $(STAMP): pyproject.toml scripts/setup_cpu.sh constraints.txt
@@ -31,6 +31,13 @@ test-all: $(STAMP)
 
 testbed: $(STAMP)
 	$(PY) -m aspo_lit build-testbed
+
+# First GPU run (<= 10 min, one CUDA GPU, the GPU environment's python; no CPU setup):
+# FSDP2 + bf16 compute on a tiny Qwen2, HF engine then vLLM if importable. CI runs it with DEVICE=cpu.
+GPU_PY ?= python
+DEVICE ?= cuda
+gpu-check:
+	$(GPU_PY) scripts/gpu_check.py --device $(DEVICE)
 
 # Every shipped paper config on 2 CPU processes, sizes and hardware changed only (conf/rehearsal/cpu.yaml);
 # verdicts in runs/rehearsal/<config>.json.
