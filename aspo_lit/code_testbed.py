@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import math
 import shutil
 import sys
 import time
@@ -108,7 +107,7 @@ def _sft(model, tokenizer, config, train_rows, dev_rows, log) -> dict:
     expected sampled accuracy on held-out problems reaches ``config.stop_accuracy``."""
     import torch
 
-    from aspo_lit.testbed import _collate, _gold_probability
+    from aspo_lit.testbed import sft_loop
 
     pad = tokenizer.pad_token_id
     examples, dev = _examples(tokenizer, train_rows), _examples(tokenizer, dev_rows)
@@ -118,40 +117,8 @@ def _sft(model, tokenizer, config, train_rows, dev_rows, log) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=config.sft_lr, betas=(0.9, 0.95),
                             weight_decay=config.sft_weight_decay)
 
-    def lr_at(step: int) -> float:
-        if step < config.sft_warmup_steps:
-            return config.sft_lr * (step + 1) / config.sft_warmup_steps
-        frac = (step - config.sft_warmup_steps) / max(1, config.sft_max_steps - config.sft_warmup_steps)
-        return config.sft_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
-
-    gen = torch.Generator().manual_seed(config.seed)
-    order, cursor = torch.randperm(len(examples), generator=gen).tolist(), 0
-    history: dict = {"evals": [], "losses": [], "longest_example": longest}
-    t0, step = time.perf_counter(), 0
-    model.train()
-    for step in range(1, config.sft_max_steps + 1):
-        if cursor + config.sft_batch_size > len(order):
-            order, cursor = torch.randperm(len(examples), generator=gen).tolist(), 0
-        ids, mask, labels = _collate([examples[i] for i in order[cursor:cursor + config.sft_batch_size]], pad)
-        cursor += config.sft_batch_size
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step - 1)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        opt.step()
-        history["losses"].append(round(loss.item(), 4))
-        if step >= config.eval_min_step and (step % config.eval_every == 0 or step == config.sft_max_steps):
-            probs = _gold_probability(model, dev, pad, config.temperature)
-            expected = sum(probs) / len(probs)
-            history["evals"].append({"step": step, "expected_accuracy": round(expected, 4)})
-            if expected >= config.stop_accuracy or step % 100 == 0:
-                log(f"[code testbed] step {step:4d}  loss {loss.item():.3f}  expected held-out "
-                    f"acc@T={config.temperature} {expected:.3f}  {time.perf_counter() - t0:.0f}s")
-            if expected >= config.stop_accuracy:
-                break
-    history.update(steps=step, sft_seconds=round(time.perf_counter() - t0, 1))
+    history = sft_loop(model, opt, examples, dev, pad, config, log, name="code testbed")
+    history["longest_example"] = longest
     return history
 
 

@@ -426,6 +426,16 @@ def _sft(model, tokenizer, config: TestbedConfig, train_rows, dev_rows, log) -> 
         lr=config.sft_lr, betas=(0.9, 0.95),
     )
 
+    return sft_loop(model, opt, examples, dev, pad, config, log, name="testbed")
+
+
+def sft_loop(model, opt, examples, dev, pad, config, log, name: str) -> dict:
+    """The warm-start loop shared by the testbeds: shuffled batches of (prompt, response) ids, linear
+    warm-up then cosine LR to 10 % at ``config.sft_max_steps``, grad clipping, and a held-out check
+    of the expected sampled accuracy every ``config.eval_every`` steps that stops at
+    ``config.stop_accuracy``. Returns the history (losses, evaluations, steps, seconds)."""
+    import torch
+
     def lr_at(step: int) -> float:  # linear warm-up, cosine to 10% at sft_max_steps
         if step < config.sft_warmup_steps:
             return config.sft_lr * (step + 1) / config.sft_warmup_steps
@@ -462,7 +472,7 @@ def _sft(model, tokenizer, config: TestbedConfig, train_rows, dev_rows, log) -> 
                                      "elapsed_s": round(time.perf_counter() - t0, 1)})
             done = expected >= config.stop_accuracy
             if done or step % 100 == 0 or step == config.sft_max_steps:
-                log(f"[testbed] step {step:4d}  loss {loss.item():.3f}  expected held-out acc@T="
+                log(f"[{name}] step {step:4d}  loss {loss.item():.3f}  expected held-out acc@T="
                     f"{config.temperature} {expected:.3f}  {time.perf_counter() - t0:.0f}s")
             if done:
                 break

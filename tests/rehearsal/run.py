@@ -35,6 +35,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -162,6 +163,7 @@ def compare_weights(multi: list[dict], single: list[dict], bf16: bool) -> dict:
 def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     configs = CONFIGS[name]
     out = out_root / name.replace("+", "_")
+    shutil.rmtree(out, ignore_errors=True)  # a stale last.ckpt or metrics.csv would be resumed / merged
     out.mkdir(parents=True, exist_ok=True)
     extra = ([] if name in VLLM_CONFIGS else ["--data.init_args.engine=hf"]) + list(overrides)
     t0 = time.perf_counter()
