@@ -5,6 +5,7 @@
     python -m aspo_lit evaluate --model PATH --benchmarks aime24 math500 ...
     python -m aspo_lit table1 --config conf/table1.yaml --compare-paper
     python -m aspo_lit table2 --config conf/table2.yaml
+    python -m aspo_lit table3 --config conf/table3.yaml
     python -m aspo_lit figure2 RUN [RUN ...] --out figures/figure2
     python -m aspo_lit study --config conf/study/default.yaml
 """
@@ -16,13 +17,14 @@ from typing import Callable
 
 TOOLS: dict[str, tuple[str, str]] = {
     "build-testbed": ("aspo_lit.testbed", "build (or find in the cache) the tiny CPU testbed model"),
-    "evaluate": ("aspo_lit.evaluate", "avg@K / pass@K of a model on the math benchmarks"),
+    "evaluate": ("aspo_lit.evaluate", "avg@K / pass@K of a model on the math, code or multiple-choice benchmarks"),
     "table1": ("aspo_lit.evaluate", "evaluate the rows of conf/table1.yaml, render Table 1 beside the paper"),
     "table2": ("aspo_lit.evaluate", "evaluate the rows of conf/table2.yaml (LiveCodeBench), render Table 2 beside the paper"),
+    "table3": ("aspo_lit.evaluate", "evaluate the rows of conf/table3.yaml (ARC-Challenge, GPQA-Diamond, MMLU-Pro), render Table 3 beside the paper"),
     "figure2": ("aspo_lit.callbacks.figures", "overlay the paper's Figure 2 panels for several runs"),
     "study": ("aspo_lit.study", "the CPU-scale study of the paper's training dynamics"),
 }
-_ENTRY = {"build-testbed": "main", "evaluate": "evaluate_main", "table1": "table1_main", "table2": "table2_main",
+_ENTRY = {"build-testbed": "main", "evaluate": "evaluate_main", "table1": "table1_main", "table2": "table2_main", "table3": "table3_main",
           "figure2": "main",
           "study": "main"}
 

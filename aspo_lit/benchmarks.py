@@ -1,4 +1,4 @@
-"""The benchmarks of Tables 1 and 2: where their rows come from, how many samples per problem.
+"""The benchmarks of Tables 1, 2 and 3: where their rows come from, how many samples per problem.
 
 Table 1 (math) has six; Table 2 (code) has LiveCodeBench v5 (2024-08-01 to 2025-02-01, K = 8)
 and v6 (2025-02-01 to 2025-05-01, K = 16) (paper §7.1 and Appendix B; Jain et al., 2025), graded
@@ -13,6 +13,15 @@ Each benchmark loads from a local file (the normalized JSONL copies in ../shared
 counts are the ones the paper's numbers imply) or, when none is given or found, from its public
 Hugging Face dataset. K per benchmark is the paper's (Appendix B): 64 for AIME24/25 and AMC23,
 8 for Minerva Math, 4 for MATH-500 and OlympiadBench.
+
+Table 3 (out of domain, multiple choice; ``aspo_lit.choice``): ARC-Challenge
+(allenai/ai2_arc, config ARC-Challenge, test, 1,172 rows), GPQA-Diamond (Idavidrein/gpqa, config
+gpqa_diamond, train, 198 rows; gated: accept its terms on the hub, then `huggingface-cli login` or
+set HF_TOKEN) and MMLU-Pro (TIGER-Lab/MMLU-Pro, test, 12,032 rows). Their rows, from the hub or a
+local JSONL/JSON/parquet copy in the same upstream layout (``path``; ``fields`` renames upstream
+fields), carry the options and the gold letter. The paper states no K for them; ours follow the
+rule its Table 1 K's follow (fewer problems, more samples): 8 for GPQA-Diamond (198 problems, as
+Minerva's 272), 4 for ARC-Challenge and MMLU-Pro (over 1,000, as MATH-500 and OlympiadBench).
 
 Hub ids (what verl/rllm/Qwen2.5-Math-style evaluation scripts load; none is the paper's own
 release, which has none):
@@ -46,7 +55,8 @@ class Benchmark:
     split: str = "test"
     # our field ("problem", "answer", "id") -> the hub dataset's; local files use ours
     fields: dict = field(default_factory=dict)
-    domain: str = "math"                # "math" (math-verify) | "code" (sandboxed tests)
+    domain: str = "math"                # "math" (math-verify) | "code" (sandboxed tests) | "choice"
+    choice_format: str | None = None    # "choice": the upstream row format, aspo_lit.choice.FORMATS
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
@@ -65,10 +75,17 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
               fields={"problem": "question", "answer": "final_answer", "id": "id"}),
     Benchmark("lcb_v5", 8, "lcb_v5", "code/lcb_v5.jsonl", domain="code"),
     Benchmark("lcb_v6", 16, "lcb_v6", "code/lcb_v6.jsonl", domain="code"),
+    Benchmark("arc_challenge", 4, "arc_challenge", "ood/arc_challenge.jsonl", "allenai/ai2_arc",
+              hub_config="ARC-Challenge", split="test", domain="choice", choice_format="arc"),
+    Benchmark("gpqa_diamond", 8, "gpqa_diamond", "ood/gpqa_diamond.jsonl", "Idavidrein/gpqa",
+              hub_config="gpqa_diamond", split="train", domain="choice", choice_format="gpqa"),
+    Benchmark("mmlu_pro", 4, "mmlu_pro", "ood/mmlu_pro.jsonl", "TIGER-Lab/MMLU-Pro", split="test",
+              domain="choice", choice_format="mmlu_pro"),
 ]}
 TABLE1_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")   # column order
 TABLE2_BENCHMARKS = ("lcb_v5", "lcb_v6")
-DOMAINS = ("math", "code")
+TABLE3_BENCHMARKS = ("arc_challenge", "gpqa_diamond", "mmlu_pro")
+DOMAINS = ("math", "code", "choice")
 
 
 def get_benchmark(spec) -> Benchmark:
@@ -93,6 +110,8 @@ def get_benchmark(spec) -> Benchmark:
     overrides.setdefault("filename", f"{name}.jsonl")
     if overrides.get("domain", "math") not in DOMAINS:
         raise ValueError(f"benchmark {name!r}: domain must be one of {DOMAINS}")
+    if overrides.get("domain") == "choice" and not overrides.get("choice_format"):
+        raise ValueError(f"benchmark {name!r}: a 'choice' benchmark needs its 'choice_format'")
     return Benchmark(name=name, **overrides)
 
 
@@ -122,6 +141,10 @@ def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
             path = data_dir / bench.filename
     if path is not None:
         return _load_local(bench, Path(path))
+    if bench.domain == "choice":
+        from aspo_lit.choice import load_choice_hub
+        return load_choice_hub(bench.hub_id, bench.hub_config, bench.split, bench.choice_format,
+                               bench.fields)
     if bench.domain == "code":
         raise FileNotFoundError(f"benchmark {bench.name!r}: no local file {bench.filename} in {data_dir}; "
                                 "give its path (a normalized JSONL or LiveCodeBench's own layout), e.g. "
@@ -149,6 +172,9 @@ def _load_local(bench: Benchmark, path: Path) -> list[dict]:
         rows, _ = load_code_rows(str(path), on_bad_row="error")
         return [{"id": r["id"], "problem": r["problem"], "answer": r["answer"],
                  "starter_code": r["starter_code"]} for r in rows]
+    if bench.domain == "choice":   # the upstream layout, normalized as the hub rows are
+        from aspo_lit.choice import load_choice_local
+        return load_choice_local(path, bench.choice_format, bench.fields)
     rows, _ = load_rows(str(path), "problem", "answer", on_bad_row="error")
     _check_unique_ids(rows, str(path))
     return rows

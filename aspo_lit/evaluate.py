@@ -2,7 +2,10 @@
 
 Math benchmarks (Table 1) are graded by math-verify on the last ``\\boxed{}``; code benchmarks
 (Table 2: LiveCodeBench v5/v6) get LiveCodeBench's prompt and are graded by running the last
-fenced Python block on the problem's tests in a sandbox (``aspo_lit.rewards.code.CodeReward``).
+fenced Python block on the problem's tests in a sandbox (``aspo_lit.rewards.code.CodeReward``);
+multiple-choice benchmarks (Table 3: ARC-Challenge, GPQA-Diamond, MMLU-Pro) get the lettered-options
+prompt of ``aspo_lit.choice`` and are graded by exact match of the last boxed letter
+(``aspo_lit.choice.ChoiceReward``).
 
 Every sample is recorded as one JSONL line, flushed per problem, in
 `<out_dir>/<model_tag>/<benchmark>.samples.jsonl`:
@@ -266,6 +269,7 @@ class _Session:
         self.code_reward_spec = code_reward
         self._code_reward = code_reward if hasattr(code_reward, "batch") else None
         self.system_prompt = system_prompt
+        self._choice_reward = None
 
     @functools.cached_property
     def meta(self) -> dict:
@@ -289,11 +293,23 @@ class _Session:
             self._code_reward = CodeReward(**(self.code_reward_spec or {}))
         return self._code_reward
 
+    @property
+    def choice_reward(self):
+        if self._choice_reward is None:
+            from aspo_lit.choice import ChoiceReward
+            self._choice_reward = ChoiceReward()
+        return self._choice_reward
+
     def reward_for(self, domain: str):
+        if domain == "choice":
+            return self.choice_reward
         return self.code_reward if domain == "code" else self.reward
 
     def meta_for(self, bench) -> dict:
         """What a benchmark's samples depend on besides sampling: code prompts add their format."""
+        if bench.domain == "choice":
+            from aspo_lit.choice import GPQA_SHUFFLE_SEED, PROMPT_FORMAT
+            return {**self.meta, "prompt_format": PROMPT_FORMAT, "gpqa_shuffle_seed": GPQA_SHUFFLE_SEED}
         if bench.domain != "code":
             return self.meta
         return {**self.meta, "prompt_format": "livecodebench-generic", "system_prompt": self.system_prompt}
@@ -313,6 +329,9 @@ class _Session:
         return self._engine
 
     def prompt_ids(self, row: dict, domain: str = "math") -> list[int]:
+        if domain == "choice":
+            from aspo_lit.choice import encode_choice_prompt
+            return encode_choice_prompt(row, self.tokenizer, self.template, self.enable_thinking)
         if domain == "code":
             from aspo_lit.code_prompts import encode_code_prompt
             return encode_code_prompt(row["problem"], row.get("starter_code"), self.tokenizer, self.template,
@@ -439,7 +458,11 @@ def _sample_chunk(session, chunk, sampling, sink, records, domain="math") -> Non
 
 
 def _extracted(text: str, domain: str, think_end: str | None):
-    """What was graded: the boxed answer (math), or the sha1 of the extracted program (code)."""
+    """What was graded: the boxed answer (math), the letter (choice), or the sha1 of the
+    extracted program (code)."""
+    if domain == "choice":
+        from aspo_lit.choice import extract_choice
+        return extract_choice(text, think_end)
     if domain == "code":
         from aspo_lit.rewards.code import extract_code
         code = extract_code(text, think_end)
@@ -500,7 +523,8 @@ def evaluate_main(argv=None) -> int:
     p.add_argument("--model", required=True,
                    help="HF hub id, local HF folder, 'testbed', or an ASPOModule .ckpt")
     p.add_argument("--benchmarks", nargs="+", default=None,
-                   help="benchmark names (default: the six of Table 1; Table 2: lcb_v5 lcb_v6)")
+                   help="benchmark names (default: the six of Table 1; Table 2: lcb_v5 lcb_v6; "
+                        "Table 3: arc_challenge gpqa_diamond mmlu_pro)")
     p.add_argument("--data-path", action="append", default=[], metavar="NAME=PATH",
                    help="local file/folder for one benchmark (repeatable)")
     p.add_argument("--data-dir", default=None,
@@ -571,9 +595,10 @@ def check_model(model: str, local_only: bool = False) -> str | None:
 
 def prepare_benchmark_files(benchmarks: list, out_dir: Path) -> list:
     """Benchmarks that name a generator (the testbed's arithmetic held-out split, or with
-    `kind: tiny_code` the code testbed's) get their JSONL written under `out_dir` (`path`,
-    default `data/<name>.jsonl`) when it is missing:
-    `{"name", "k", "generate": {"kind"?, "n", "seed", "levels"?, "split", ...}}`."""
+    `kind: tiny_code` the code testbed's, with `kind: choice_fixture` small arithmetic
+    multiple-choice questions in a Table 3 benchmark's upstream row format, `format: arc | gpqa |
+    mmlu_pro`) get their JSONL written under `out_dir` (`path`, default `data/<name>.jsonl`) when
+    it is missing: `{"name", "k", "generate": {"kind"?, "n", "seed", "levels"?, "split", ...}}`."""
     prepared = []
     for spec in benchmarks:
         if isinstance(spec, dict) and spec.get("generate"):
@@ -581,11 +606,17 @@ def prepare_benchmark_files(benchmarks: list, out_dir: Path) -> list:
             path = out_dir / spec.get("path", f"data/{spec['name']}.jsonl")
             if not path.is_file():
                 generate = dict(spec.pop("generate"))
-                if generate.pop("kind", "arithmetic") == "tiny_code":
+                kind = generate.pop("kind", "arithmetic")
+                if kind == "choice_fixture":
+                    from aspo_lit.choice import write_fixture
+                    write_fixture(generate.pop("format"), path, **generate)
+                    generate = None
+                elif kind == "tiny_code":
                     from data_modules.tiny_code import generate_problems, write_jsonl
                 else:
                     from data_modules.arithmetic import generate_problems, write_jsonl
-                write_jsonl(generate_problems(**generate), path)
+                if generate is not None:
+                    write_jsonl(generate_problems(**generate), path)
             spec.pop("generate", None)
             spec["path"] = str(path)
         prepared.append(spec)
@@ -623,7 +654,7 @@ def run_table2(config: dict, compare_paper: bool | None = None, only: list[str] 
 
 def run_table(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
               root: Path | None = None, table: str | None = None):
-    """Evaluate every row of a table config (`table: table1 | table2`, default table1) whose model
+    """Evaluate every row of a table config (`table: table1 | table2 | table3`, default table1) whose model
     is available and render the table beside the paper's. Code benchmarks are graded by
     `CodeReward(**config["code_reward"])`."""
     from aspo_lit.tables import render_table
@@ -676,6 +707,20 @@ def table1_main(argv=None) -> int:
     """`python -m aspo_lit table1 --config conf/table1.yaml [--compare-paper]`: evaluate the
     config's rows (missing models are reported, not fabricated) and print Table 1."""
     return _table_main(argv, "table1", table1_main.__doc__)
+
+
+def run_table3(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
+               root: Path | None = None):
+    """Evaluate every row of a Table 3 (out-of-domain multiple choice) config whose model is
+    available and render the table. Returns (markdown, rows) of `aspo_lit.tables.render_table`."""
+    return run_table(config, compare_paper, only, root, table="table3")
+
+
+def table3_main(argv=None) -> int:
+    """`python -m aspo_lit table3 --config conf/table3.yaml [--compare-paper]`: evaluate the
+    config's rows on ARC-Challenge, GPQA-Diamond and MMLU-Pro (lettered options, last boxed
+    letter; missing models are reported, not fabricated) and print Table 3 beside the paper."""
+    return _table_main(argv, "table3", table3_main.__doc__)
 
 
 def table2_main(argv=None) -> int:

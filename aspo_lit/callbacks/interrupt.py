@@ -3,7 +3,7 @@
 The first Ctrl-C or SIGTERM sets a flag (a second Ctrl-C aborts at once); at the end of the
 current rollout batch the ranks agree (any rank interrupted stops them all, one collective per
 batch, so no rank waits alone in the next step), save the checkpoint together (sharded under
-FSDP2) and stop. The handler replaces Lightning's SIGTERM handler, which broadcasts from inside
+FSDP2) and exit (Lightning's `SIGTERMException`, exit status 0). The handler replaces Lightning's SIGTERM handler, which broadcasts from inside
 the signal handler and so could pair with a collective of the step in flight. An interruption
 between periodic checkpoints loses nothing. The checkpoint holds the state after a
 *completed* step (weights, optimizer, scheduler, step counters, dataloader position), which is
@@ -53,7 +53,7 @@ class GracefulInterrupt(Checkpoint):
             self._previous_term = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        stopping = self._interrupted or trainer.received_sigterm
+        stopping = self._interrupted
         if trainer.world_size > 1:
             stopping = trainer.strategy.reduce_boolean_decision(stopping, all=False)
         if not stopping:
@@ -65,7 +65,14 @@ class GracefulInterrupt(Checkpoint):
         if checkpoint is not None:
             checkpoint.last_model_path = str(path)
         rank_zero_info(f"aspo-lit: saved {path}; resume with --ckpt_path last")
-        trainer.should_stop = True
+        # Stop as Lightning does on SIGTERM: it raises `SIGTERMException` once this batch's metrics are
+        # logged. (`should_stop` would end the epoch first, and the end-of-epoch `last.ckpt` would
+        # then say the epoch was finished: a resume would skip the rest of it.)
+        connector = getattr(trainer, "_signal_connector", None)
+        if connector is not None and hasattr(connector, "received_sigterm"):
+            connector.received_sigterm = True
+        else:  # pragma: no cover - other Lightning versions
+            trainer.should_stop = True
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._restore()
