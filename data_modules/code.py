@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import logging
 import pickle
 import re
 import zlib
@@ -36,9 +35,8 @@ from typing import Any, Mapping
 from aspo_lit.code_prompts import encode_code_prompt
 from aspo_lit.rewards.code import code_gold
 from data_modules.math import MathRLDataModule
-from data_modules.prompts import BAD_ROW_POLICIES, BadRowError, RowReport, _raw_rows
+from data_modules.prompts import BadRowError, RowReport, collect_rows
 
-log = logging.getLogger(__name__)
 
 DEFAULT_TRAIN = "../shared/data/code/train/deepcoder_lcb.jsonl"
 _DEF = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
@@ -151,21 +149,7 @@ def normalize_code_row(raw: Any, where: str, problem_key: str = "problem") -> di
 def load_code_rows(source: str, split: str = "train", on_bad_row: str = "error",
                    problem_key: str = "problem") -> tuple[list[dict[str, Any]], RowReport]:
     """Validated code rows of a file, folder or hub dataset (see the module docstring)."""
-    if on_bad_row not in BAD_ROW_POLICIES:
-        raise ValueError(f"on_bad_row must be one of {BAD_ROW_POLICIES}, got {on_bad_row!r}")
-    rows, report = [], RowReport(source)
-    for where, raw in _raw_rows(source, split):
-        try:
-            if isinstance(raw, Exception):
-                raise raw
-            rows.append(normalize_code_row(raw, where, problem_key))
-        except BadRowError as err:
-            if on_bad_row == "error":
-                raise
-            report.skipped.append(str(err))
-    report.kept = len(rows)
-    if report.skipped:
-        log.warning("%s: skipped %d bad rows, e.g. %s", source, len(report.skipped), report.skipped[0])
+    rows, report = collect_rows(source, split, on_bad_row, lambda raw, where: normalize_code_row(raw, where, problem_key))
     if not rows:
         raise BadRowError(f"{source}: no usable code rows")
     seen = set()
@@ -224,25 +208,11 @@ class CodeRLDataModule(MathRLDataModule):
                                    problem_key=self.hparams.problem_key)[0]
         return rows
 
-    def _encode(self, rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
-        """Tokenize the LiveCodeBench prompts; drop (and count) those over `max_prompt_length`."""
+    def encode_row(self, row: dict[str, Any]) -> list[int]:
+        """The LiveCodeBench prompt (with the starter code of a functional problem), tokenized."""
         hp = self.hparams
-        tokenizer = self.trainer.lightning_module.tokenizer
-        kept = []
-        for row in rows:
-            ids = encode_code_prompt(row["problem"], row.get("starter_code"), tokenizer, hp.prompt_template,
-                                     hp.enable_thinking, hp.system_prompt)
-            if len(ids) <= hp.max_prompt_length:
-                kept.append(dict(row, prompt_ids=ids))
-        dropped = len(rows) - len(kept)
-        self.stats[f"data/{split}_prompts"] = len(kept)
-        self.stats[f"data/{split}_dropped_long_prompts"] = dropped
-        if dropped:
-            log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d",
-                        split, dropped, len(rows), hp.max_prompt_length)
-        if not kept:
-            raise ValueError(f"data.max_prompt_length={hp.max_prompt_length} drops every {split} prompt")
-        return kept
+        return encode_code_prompt(row["problem"], row.get("starter_code"), self.trainer.lightning_module.tokenizer,
+                                  hp.prompt_template, hp.enable_thinking, hp.system_prompt)
 
     # --- reward ---------------------------------------------------------------------------
 

@@ -108,10 +108,9 @@ class MathRLDataModule(LightningDataModule):
 
     def _encode(self, rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
         """Tokenize prompts; drop (and count) those over `max_prompt_length`."""
-        tokenizer = self.trainer.lightning_module.tokenizer
         kept = []
         for row in rows:
-            ids = encode_prompt(row["problem"], tokenizer, self.hparams.prompt_template)
+            ids = self.encode_row(row)
             if len(ids) <= self.hparams.max_prompt_length:
                 kept.append(dict(row, prompt_ids=ids))
         dropped = len(rows) - len(kept)
@@ -123,6 +122,10 @@ class MathRLDataModule(LightningDataModule):
         if not kept:
             raise ValueError(f"data.max_prompt_length={self.hparams.max_prompt_length} drops every {split} prompt")
         return kept
+
+    def encode_row(self, row: dict[str, Any]) -> list[int]:
+        """Prompt token ids of a row (subclasses change the prompt, e.g. code with starter code)."""
+        return encode_prompt(row["problem"], self.trainer.lightning_module.tokenizer, self.hparams.prompt_template)
 
     def _rank_share(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """This rank's prompts of a global batch (batch_size counts prompts over all ranks)."""

@@ -77,6 +77,15 @@ def load_rows(
     on_bad_row: str = "error",
 ) -> tuple[list[dict[str, str]], RowReport]:
     """Validated rows of a prompt dataset; a bad row raises (naming file and row) or is skipped and counted."""
+    rows, report = collect_rows(source, split, on_bad_row, lambda raw, where: _check_row(raw, where, problem_key, answer_key))
+    if not rows:
+        raise BadRowError(f"{source}: no usable rows (fields {problem_key!r}/{answer_key!r})")
+    return rows, report
+
+
+def collect_rows(source: str, split: str, on_bad_row: str, check) -> tuple[list[dict], RowReport]:
+    """`check(raw_row, where)` over every row of `source`: a `BadRowError` stops (``on_bad_row:
+    error``, naming file and row) or the row is skipped, counted and logged (``skip``)."""
     if on_bad_row not in BAD_ROW_POLICIES:
         raise ValueError(f"on_bad_row must be one of {BAD_ROW_POLICIES}, got {on_bad_row!r}")
     rows, report = [], RowReport(source)
@@ -84,7 +93,7 @@ def load_rows(
         try:
             if isinstance(raw, Exception):
                 raise raw
-            rows.append(_check_row(raw, where, problem_key, answer_key))
+            rows.append(check(raw, where))
         except BadRowError as err:
             if on_bad_row == "error":
                 raise
@@ -92,8 +101,6 @@ def load_rows(
     report.kept = len(rows)
     if report.skipped:
         log.warning("%s: skipped %d bad rows, e.g. %s", source, len(report.skipped), report.skipped[0])
-    if not rows:
-        raise BadRowError(f"{source}: no usable rows (fields {problem_key!r}/{answer_key!r})")
     return rows, report
 
 
