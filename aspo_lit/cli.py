@@ -111,6 +111,7 @@ def expand_base_configs(argv: list[str]) -> list[str]:
     """Replace every `--config FILE` whose YAML names a base (`config: base.yaml`) by the chain
     `--config BASE ... --config FILE`, bases first."""
     out: list[str] = []
+    applied: set[Path] = set()
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -124,6 +125,9 @@ def expand_base_configs(argv: list[str]) -> list[str]:
             continue
         path = Path(value)
         chain = _with_bases(path) if path.is_file() else [value]
+        # a base already given earlier is not re-applied (it would undo the files in between)
+        chain = [item for item in chain[:-1] if Path(item).resolve() not in applied] + chain[-1:]
+        applied.update(Path(item).resolve() for item in chain)
         for item in chain:
             out += ["--config", str(item)]
     return out

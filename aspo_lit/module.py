@@ -3,8 +3,8 @@
 One `training_step` consumes one rollout batch (docs/design.md): old and reference log-probs
 without grad, then `ppo_epochs` x mini-batches (`mini_batch_size` prompts over all ranks, as the
 paper's 64/16, taken as consecutive response slices) x token-budget micro-batches with gradient
-accumulation under one global normaliser. The policy loss is any
-registered `PolicyLoss` (docs/design.md "Losses"); the KL term is eq. 1's `-beta * D_KL`.
+accumulation under one global normaliser. The policy loss is any registered `PolicyLoss`
+(docs/design.md "Losses"); the KL term is eq. 1's `-beta * D_KL`.
 """
 
 from __future__ import annotations

@@ -157,3 +157,17 @@ def test_minibatch_arithmetic_of_the_32_gpu_run():
     check_config(cfg)
     with pytest.raises(ValueError, match="mini_batch_size=1"):
         rows_per_minibatch(1, 16, 32)
+
+
+def test_base_named_earlier_is_not_reapplied(tmp_path):
+    """`--config aspo.yaml --config mine.yaml --config grpo.yaml`: grpo's base (aspo) was given
+    already, so it is not applied again after mine.yaml (that would undo mine.yaml)."""
+    from aspo_lit.cli import expand_base_configs
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  lr: 0.5\n")
+    aspo, grpo = str(REPO / "conf/aspo.yaml"), str(REPO / "conf/grpo.yaml")
+    assert expand_base_configs(["fit", "--config", aspo, "--config", str(mine), "--config", grpo]) == \
+        ["fit", "--config", aspo, "--config", str(mine), "--config", grpo]
+    assert expand_base_configs(["fit", "--config", grpo]) == ["fit", "--config", str(REPO / "conf/aspo.yaml"),
+                                                               "--config", grpo]
