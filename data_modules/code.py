@@ -88,17 +88,22 @@ def _tests_of(raw: Mapping[str, Any]) -> tuple[list[dict], str | None]:
         for t in part:
             if not isinstance(t, Mapping):
                 raise ValueError("every test must be an object with 'input' and 'output'")
-            meta = t.get("metadata")
-            if isinstance(meta, str):
-                try:
-                    meta = json.loads(meta)
-                except json.JSONDecodeError:
-                    meta = None
-            if isinstance(meta, Mapping) and meta.get("func_name"):
+            meta = _mapping(t.get("metadata"))
+            if meta and meta.get("func_name"):
                 fn_name = meta["func_name"]
             out.append({"input": t.get("input"), "output": t.get("output"),
                         "type": t.get("type") or t.get("testtype")})
     return out, fn_name
+
+
+def _mapping(value: Any) -> Mapping | None:
+    """A metadata field as a mapping: given as an object or as a JSON string (LiveCodeBench); else None."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    return value if isinstance(value, Mapping) else None
 
 
 def normalize_code_row(raw: Any, where: str, problem_key: str = "problem") -> dict[str, Any]:
@@ -121,13 +126,8 @@ def normalize_code_row(raw: Any, where: str, problem_key: str = "problem") -> di
         if not isinstance(t.get("input"), str) or not isinstance(t.get("output"), str):
             raise BadRowError(f"{where}: test {i} needs string 'input' and 'output'")
     starter = raw.get("starter_code") or ""
-    metadata = raw.get("metadata")
-    if isinstance(metadata, str):
-        try:
-            metadata = json.loads(metadata)
-        except json.JSONDecodeError:
-            metadata = None
-    fn_name = raw.get("fn_name") or (metadata.get("func_name") if isinstance(metadata, Mapping) else None) \
+    metadata = _mapping(raw.get("metadata"))
+    fn_name = raw.get("fn_name") or (metadata.get("func_name") if metadata else None) \
         or meta_fn
     kinds = {t.get("type") for t in tests} - {None, "stdin_stdout"}
     if "functional" in kinds and not fn_name and starter:

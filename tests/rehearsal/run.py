@@ -87,7 +87,9 @@ def _allowed(key: str, overlay_keys: set[str]) -> bool:
     return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in overlay_keys)
 
 
-def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> dict:
+def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> tuple[dict, dict]:
+    """The check (keys that differ from the shipped config, and any outside the overlay) and the
+    rehearsed run's flattened effective config."""
     shipped = _effective(configs, [], out / "print_config_shipped.log")
     rehearsed = _effective(configs + [OVERLAY], extra, out / "print_config_rehearsal.log")
     overlay_keys = set(_flat(yaml.safe_load((REPO / OVERLAY).read_text())))
@@ -96,7 +98,7 @@ def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> d
     keys = sorted(set(shipped) | set(rehearsed))
     diff = {k: [shipped.get(k), rehearsed.get(k)] for k in keys if shipped.get(k) != rehearsed.get(k)}
     outside = sorted(k for k in diff if not _allowed(k, overlay_keys))
-    return {"diff": diff, "outside_overlay": outside, "ok": not outside}
+    return {"diff": diff, "outside_overlay": outside, "ok": not outside}, rehearsed
 
 
 def _fit(configs, extra, save_dir, probe_args, log, ckpt_last=False):
@@ -169,7 +171,7 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     t0 = time.perf_counter()
     verdict: dict = {"config": configs, "overlay": OVERLAY, "engine": "vllm" if name in VLLM_CONFIGS else "hf"}
     checks: dict = {}
-    checks["config_diff"] = config_diff(name, configs, extra, out)
+    checks["config_diff"], rehearsed = config_diff(name, configs, extra, out)
     for key, (old, new) in checks["config_diff"]["diff"].items():
         print(f"  [{name}] {key}: {old!r} -> {new!r}")
 
@@ -191,9 +193,8 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
         "ok": all(abs(a - b) <= 1e-12 + 1e-6 * b for a, b in zip(p0["lrs"], expected)), "lrs": p0["lrs"],
         "expected": expected}
 
-    rehearsed = yaml.safe_load((out / "print_config_rehearsal.log").read_text().split("\n\n", 1)[1].split("\n--- stderr")[0])
-    bf16 = ((rehearsed["trainer"].get("strategy") or {}).get("init_args") or {}).get("param_dtype") in ("bfloat16", "float16")
-    mini = rehearsed["model"]["mini_batch_size"]
+    bf16 = rehearsed.get("trainer.strategy.init_args.param_dtype") in ("bfloat16", "float16")
+    mini = rehearsed["model.mini_batch_size"]
     replay = list(overrides) + ["--trainer.devices=1", "--data=tests.rehearsal.replay.ReplayRollouts",
               f"--data.rollout_dir={out / 'multi' / 'probe' / 'rollouts'}", "--data.world_size=2",
               f"--data.mini_batch_size={mini}"]
