@@ -9,11 +9,11 @@ CONFIGS ?=
 PROFILE ?= paper
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-all demo testbed gpu-check rehearse reproduce-table1 figure2 study study-quick bench clean help
+.PHONY: setup test test-all demo testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short bench clean help
 .PHONY: testbed-code tiny-code reproduce-table2 bench-code reproduce-table3
 
 help:
-	@echo "make demo | test | test-all | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | bench"
+	@echo "make demo | test | test-all | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | bench"
 	@echo "code:  make testbed-code | tiny-code | reproduce-table2 [PROFILE=tiny] | bench-code"
 	@echo "out of domain:  make reproduce-table3 [PROFILE=tiny]"
 
@@ -65,6 +65,9 @@ endif
 
 figure2: $(STAMP)
 	$(PY) -m aspo_lit figure2 $(RUNS) --out runs/figure2
+
+study-short: $(STAMP)
+	$(PY) -m aspo_lit study --config conf/study/short.yaml
 
 study: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/default.yaml

@@ -10,14 +10,15 @@ TESTBED = "testbed"
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """`"testbed"` → the cached CPU testbed model (built on first use); anything else unchanged.
+    """`"testbed"` / `"testbed-long"` → the cached CPU testbed model (built on first use; see
+    `aspo_lit.testbed.PROFILES`); anything else unchanged.
 
     A local folder is used as is; any other string is an HF hub id, loaded by transformers.
     """
-    if name_or_path == TESTBED:
-        from aspo_lit.testbed import build_testbed
+    from aspo_lit.testbed import PROFILES, build_testbed
 
-        return str(build_testbed())
+    if name_or_path in PROFILES:
+        return str(build_testbed(PROFILES[name_or_path]))
     if name_or_path.startswith((".", "/", "~")) and not Path(name_or_path).expanduser().exists():
         raise FileNotFoundError(f"model_name_or_path: no such folder {name_or_path!r}")
     return name_or_path

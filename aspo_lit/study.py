@@ -342,18 +342,37 @@ class Executor:
                 signal.signal(sig, handler)
 
 
+def model_name(study: Study) -> str:
+    """The ``model.model_name_or_path`` every run gets: the last one written by the base configs
+    (their own ``config:`` bases included) or the overrides; ``testbed`` when none writes it."""
+    import yaml
+
+    from aspo_lit.cli import expand_base_configs
+
+    name = "testbed"
+    argv = expand_base_configs([w for b in study.base_config for w in ("--config", str(b))])
+    for path in argv[1::2]:
+        name = ((yaml.safe_load(Path(path).read_text()) or {}).get("model") or {}).get("model_name_or_path", name)
+    for arg in study.overrides:
+        if arg.startswith("--model.model_name_or_path="):
+            name = arg.split("=", 1)[1]
+    return name
+
+
 def prebuild_testbed(study: Study, echo=print) -> int:
     """Build (or find) the cached testbed once, so parallel runs never build it twice, and pin its
     folder for every run (``study.model_path``): all runs train the very same model even if the
     testbed's defaults change while the study runs."""
-    names = [a.split("=", 1)[1] for a in study.overrides if a.startswith("--model.model_name_or_path=")]
-    if names and names[-1] != "testbed":
+    from aspo_lit.testbed import PROFILES
+
+    name = model_name(study)
+    if name not in PROFILES:
         return 0
     log = study.logs_dir / "build_testbed.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    echo(f"[study] testbed model (cached after the first build)  log: {log}")
+    echo(f"[study] testbed model {name!r} (cached after the first build)  log: {log}")
     with open(log, "a") as handle:
-        proc = subprocess.run([sys.executable, "-m", "aspo_lit", "build-testbed"], cwd=str(REPO),
+        proc = subprocess.run([sys.executable, "-m", "aspo_lit", "build-testbed", "--profile", name], cwd=str(REPO),
                               env=_env(os.cpu_count() or 1), stdout=subprocess.PIPE, stderr=handle, text=True)
         handle.write(proc.stdout)
     for line in proc.stdout.splitlines():
@@ -470,6 +489,7 @@ class Verdict:
     mean_lower: float
     std_higher: float
     std_lower: float
+    p_value: float = math.nan  # Welch's t-test, two-sided (information only: the 2xSE rule decides)
 
 
 def pooled_se(a: Sequence[float], b: Sequence[float]) -> float:
@@ -510,7 +530,17 @@ def verdict(higher: Sequence[float], lower: Sequence[float], k: float = 2.0) -> 
         word = "not supported"
     else:
         word = "inconclusive"
-    return Verdict(word, diff, margin, len(a), len(b), ma, mb, _std(a), _std(b))
+    return Verdict(word, diff, margin, len(a), len(b), ma, mb, _std(a), _std(b), welch_p(a, b))
+
+
+def welch_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p-value of Welch's t-test (unequal variances) of ``mean(a) - mean(b)``; NaN with
+    fewer than 2 values per side or no spread at all."""
+    from scipy.stats import ttest_ind
+
+    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+        return math.nan
+    return float(ttest_ind(a, b, equal_var=False).pvalue)
 
 
 # =========================================================================== collecting results
@@ -872,7 +902,10 @@ def render_report(results: Results, figures: Mapping[str, Path]) -> str:
               "claim 7 — then the difference of the two losses' means over seeds. **supported** when "
               "it is in the claimed direction and larger than 2 × the pooled standard error "
               "(pooled variance, SE = s_p·√(1/n₁ + 1/n₂)); **not supported** when it is in the opposite "
-              "direction by that margin; **inconclusive** otherwise (and with fewer than 2 seeds).", ""]
+              "direction by that margin; **inconclusive** otherwise (and with fewer than 2 seeds). "
+              "Each line also gives the two-sided p-value of Welch's t-test (unequal variances) of the "
+              "same difference, as information: the 2·SE rule decides, and no correction for the "
+              "number of claims is applied.", ""]
     judged = judge(results)
     counts = defaultdict(int)
     for _, v in judged:
@@ -896,7 +929,7 @@ def render_report(results: Results, figures: Mapping[str, Path]) -> str:
                       f" vs {label(claim.lower)} "
                       f"{_mean_std(per_seed(results, claim.lower, claim.metric, claim.statistic), scale)}"
                       f" (n = {v.n_higher}/{v.n_lower}); difference {_fmt(v.diff * scale, scale != 1.0)}, "
-                      f"2×SE = {_fmt(v.margin * scale, scale != 1.0)}")
+                      f"2×SE = {_fmt(v.margin * scale, scale != 1.0)}, Welch p = {_fmt(v.p_value)}")
         values = [x for loss in (claim.higher, claim.lower)
                   for x in per_seed(results, loss, claim.metric, claim.statistic) if math.isfinite(x)]
         hi = per_seed(results, claim.higher, claim.metric, claim.statistic)

@@ -83,10 +83,16 @@ class TestbedConfig:
     """Everything that determines the testbed artefact (its hash names the cache folder)."""
 
     seed: int = 0
-    # data (data_modules.arithmetic)
+    # data: "arithmetic" (data_modules.arithmetic: 1-3 forced steps) or "chain"
+    # (data_modules.multistep: `ops` operations, freely worded solutions)
+    task: str = "arithmetic"
     levels: tuple[int, ...] = (1, 2, 3)
     num_train_problems: int = 20000
     word_prob: float = 0.5
+    ops: tuple[int, ...] = (4, 5, 6, 7)
+    comment_prob: float = 0.5
+    check_prob: float = 0.15
+    max_value: int = 99
     # tokenizer: byte-level BPE; vocab_size <= 263 (256 bytes + 7 specials) means no merges,
     # i.e. a pure byte/character-level tokenizer
     vocab_size: int = 512
@@ -109,8 +115,11 @@ class TestbedConfig:
     sft_warmup_steps: int = 30
     sft_weight_decay: float = 0.01
     grad_clip: float = 1.0
-    # early stop: every eval_every steps, the expected sampled accuracy at `temperature` (the
-    # probability of reproducing the worked solution) on `dev_problems` held-out problems
+    # early stop: every eval_every steps, the accuracy at `temperature` on `dev_problems` held-out
+    # problems: "expected" = the probability of reproducing the worked solution (one forward pass;
+    # right when the solution is forced), "sampled" = one real sample per problem (when the
+    # wording is free, the gold solution's probability says nothing about correctness)
+    stop_on: str = "expected"
     eval_every: int = 10
     eval_min_step: int = 200
     dev_problems: int = 128
@@ -123,6 +132,11 @@ class TestbedConfig:
 
     def __post_init__(self):
         self.levels = tuple(int(x) for x in self.levels)
+        self.ops = tuple(int(x) for x in self.ops)
+        if self.task not in ("arithmetic", "chain"):
+            raise ValueError(f"task must be 'arithmetic' or 'chain', got {self.task!r}")
+        if self.stop_on not in ("expected", "sampled"):
+            raise ValueError(f"stop_on must be 'expected' or 'sampled', got {self.stop_on!r}")
         head_dim = self.hidden_size // self.num_attention_heads
         if self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden_size must be divisible by num_attention_heads")
@@ -135,7 +149,37 @@ class TestbedConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["levels"] = list(self.levels)
+        d["ops"] = list(self.ops)
         return d
+
+    def problems(self, n: int, split: str) -> list[dict]:
+        """``n`` problems of ``split`` ("train" / "heldout") from this config's generator."""
+        if self.task == "chain":
+            from data_modules.multistep import generate_chain_problems
+            return generate_chain_problems(n, self.seed, self.ops, split=split,
+                                           comment_prob=self.comment_prob, check_prob=self.check_prob,
+                                           max_value=self.max_value)
+        from data_modules.arithmetic import generate_problems
+        return generate_problems(n, self.seed, self.levels, split=split, word_prob=self.word_prob)
+
+
+#: Named testbeds: ``model_name_or_path: testbed`` (the fast demo: 1-3 forced steps, ~21-token
+#: answers, 0.08 nats/token) and ``testbed-long`` (the paper's regime: 5-8 operations worded
+#: freely, ~100-200-token answers; docs/study.md measures its entropy, length and ratios).
+PROFILES: dict[str, TestbedConfig] = {}
+
+
+def _register_profiles() -> None:
+    PROFILES["testbed"] = TestbedConfig()
+    PROFILES["testbed-long"] = TestbedConfig(
+        task="chain", num_train_problems=20000, vocab_size=1024, tokenizer_train_problems=4000,
+        hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=512, sft_max_steps=1500, sft_batch_size=16,
+        sft_lr=5e-3, sft_warmup_steps=50, stop_on="sampled", eval_every=100, eval_min_step=400,
+        dev_problems=64, stop_accuracy=0.35, heldout_problems=256, max_response_tokens=320)
+
+
+_register_profiles()
 
 
 def config_hash(config: TestbedConfig) -> str:
@@ -284,13 +328,15 @@ def _deterministic(seed: int, num_threads: int | None = None):
 
 def _sample_accuracy(model, tokenizer, problems: Sequence[dict], *, temperature: float,
                      max_new_tokens: int, seed: int, batch_size: int = 128) -> dict:
-    """Sampled (one sample per problem) exact-match accuracy, overall and per level."""
+    """Sampled (one sample per problem) exact-match accuracy, overall and per level, with the mean
+    response length and the mean token entropy (nats) of the sampling distribution."""
     import torch
     was_training = model.training
     model.eval()
     prompts = _encode_prompts(tokenizer, [p["problem"] for p in problems])
     texts: list[str] = []
     lengths: list[int] = []
+    entropy_sum = 0.0
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         for start in range(0, len(prompts), batch_size):
@@ -301,14 +347,19 @@ def _sample_accuracy(model, tokenizer, problems: Sequence[dict], *, temperature:
             for i, p in enumerate(chunk):  # left padding
                 ids[i, width - len(p):] = torch.tensor(p)
                 mask[i, width - len(p):] = 1
-            out = model.generate(
+            gen = model.generate(
                 input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
                 top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                output_logits=True, return_dict_in_generate=True,
             )
-            for row in out[:, width:].tolist():
+            # entropy of the sampling distribution at every generated position (EOS included)
+            logp = torch.log_softmax(torch.stack(gen.logits, dim=1).float() / temperature, dim=-1)
+            step_entropy = -(logp.exp() * logp).sum(-1)
+            for i, row in enumerate(gen.sequences[:, width:].tolist()):
                 n = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
                 lengths.append(n)
+                entropy_sum += step_entropy[i, :n].sum().item()
                 texts.append(tokenizer.decode(row[:n], skip_special_tokens=True))
     model.train(was_training)
     correct = [is_correct(t, p["answer"]) for t, p in zip(texts, problems)]
@@ -320,6 +371,7 @@ def _sample_accuracy(model, tokenizer, problems: Sequence[dict], *, temperature:
         "n": len(correct),
         "by_level": {k: sum(v) / len(v) for k, v in sorted(by_level.items())},
         "mean_response_tokens": sum(lengths) / max(len(lengths), 1),
+        "mean_token_entropy": entropy_sum / max(sum(lengths), 1),
         "max_response_tokens": max(lengths, default=0),
         "boxed_rate": sum(extract_boxed(t) is not None for t in texts) / max(len(texts), 1),
         "samples": [{"problem": p["problem"], "answer": p["answer"], "response": t}
@@ -342,18 +394,19 @@ def held_out_accuracy(model_dir: str | os.PathLike, n: int = 256, seed: int = 0,
 def _held_out_report(model_dir, n, seed, temperature, levels=None, max_new_tokens=None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from data_modules.arithmetic import generate_problems
-
     model_dir = Path(model_dir)
     meta = {}
     if (model_dir / "testbed.json").is_file():
         meta = json.loads((model_dir / "testbed.json").read_text())["config"]
-    levels = tuple(levels or meta.get("levels", (1, 2, 3)))
-    max_new_tokens = max_new_tokens or meta.get("max_response_tokens", 64)
+    known = {f.name for f in dataclasses.fields(TestbedConfig)}
+    config = TestbedConfig(**{k: v for k, v in meta.items() if k in known})
+    config.seed = seed
+    if levels:
+        config.levels = tuple(levels)
+    max_new_tokens = max_new_tokens or config.max_response_tokens
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
-    problems = generate_problems(n, seed, levels=levels, split="heldout",
-                                 word_prob=meta.get("word_prob", 0.5))
+    problems = config.problems(n, "heldout")
     return _sample_accuracy(model, tokenizer, problems, temperature=temperature,
                             max_new_tokens=max_new_tokens, seed=seed)
 
@@ -426,14 +479,21 @@ def _sft(model, tokenizer, config: TestbedConfig, train_rows, dev_rows, log) -> 
         lr=config.sft_lr, betas=(0.9, 0.95),
     )
 
-    return sft_loop(model, opt, examples, dev, pad, config, log, name="testbed")
+    evaluate = None
+    if config.stop_on == "sampled":
+        def evaluate(m) -> float:
+            return _sample_accuracy(m, tokenizer, dev_rows, temperature=config.temperature,
+                                    max_new_tokens=config.max_response_tokens, seed=config.seed)["accuracy"]
+    return sft_loop(model, opt, examples, dev, pad, config, log, name="testbed", evaluate=evaluate)
 
 
-def sft_loop(model, opt, examples, dev, pad, config, log, name: str) -> dict:
+def sft_loop(model, opt, examples, dev, pad, config, log, name: str, evaluate=None) -> dict:
     """The warm-start loop shared by the testbeds: shuffled batches of (prompt, response) ids, linear
     warm-up then cosine LR to 10 % at ``config.sft_max_steps``, grad clipping, and a held-out check
-    of the expected sampled accuracy every ``config.eval_every`` steps that stops at
-    ``config.stop_accuracy``. Returns the history (losses, evaluations, steps, seconds)."""
+    every ``config.eval_every`` steps that stops at ``config.stop_accuracy``: ``evaluate(model)``
+    when given (e.g. sampled accuracy), else the expected sampled accuracy of the ``dev`` examples
+    (the probability of reproducing each worked solution). Returns the history (losses,
+    evaluations, steps, seconds)."""
     import torch
 
     def lr_at(step: int) -> float:  # linear warm-up, cosine to 10% at sft_max_steps
@@ -465,8 +525,12 @@ def sft_loop(model, opt, examples, dev, pad, config, log, name: str) -> dict:
         history["losses"].append(round(loss.item(), 4))
 
         if step >= config.eval_min_step and (step % config.eval_every == 0 or step == config.sft_max_steps):
-            probs = _gold_probability(model, dev, pad, config.temperature)
-            expected = sum(probs) / len(probs)
+            if evaluate is not None:
+                expected = evaluate(model)
+                model.train()
+            else:
+                probs = _gold_probability(model, dev, pad, config.temperature)
+                expected = sum(probs) / len(probs)
             history["evals"].append({"step": step, "expected_accuracy": round(expected, 4),
                                      "loss": round(loss.item(), 4),
                                      "elapsed_s": round(time.perf_counter() - t0, 1)})
@@ -486,13 +550,9 @@ def _build_into(out: Path, config: TestbedConfig, log) -> dict:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from data_modules.arithmetic import generate_problems
-
     t0 = time.perf_counter()
-    train_rows = generate_problems(config.num_train_problems, config.seed, config.levels,
-                                   split="train", word_prob=config.word_prob)
-    heldout = generate_problems(config.heldout_problems + config.dev_problems, config.seed,
-                                config.levels, split="heldout", word_prob=config.word_prob)
+    train_rows = config.problems(config.num_train_problems, "train")
+    heldout = config.problems(config.heldout_problems + config.dev_problems, "heldout")
     final_rows, dev_rows = heldout[:config.heldout_problems], heldout[config.heldout_problems:]
 
     corpus_rows = train_rows[:config.tokenizer_train_problems]
@@ -520,7 +580,7 @@ def _build_into(out: Path, config: TestbedConfig, log) -> dict:
     tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
     build_seconds = time.perf_counter() - t0
     summary = {
-        "name": "aspo-lit arithmetic testbed",
+        "name": f"aspo-lit {config.task} testbed",
         "config": config.to_dict(),
         "config_hash": config_hash(config),
         "builder_version": BUILDER_VERSION,
@@ -537,7 +597,7 @@ def _build_into(out: Path, config: TestbedConfig, log) -> dict:
         "sft_final_loss": history["losses"][-1] if history["losses"] else None,
         "sft_evals": history["evals"],
         "heldout": {k: final[k] for k in ("accuracy", "n", "by_level", "mean_response_tokens",
-                                          "max_response_tokens", "boxed_rate")},
+                                          "max_response_tokens", "mean_token_entropy", "boxed_rate")},
         "heldout_temperature": config.temperature,
         "heldout_samples": final["samples"],
     }
@@ -590,6 +650,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
     parser.add_argument("--cache-dir", default=None,
                         help="cache root (default: $ASPO_LIT_CACHE or <repo>/.cache/aspo_lit)")
+    parser.add_argument("--profile", default="testbed", choices=sorted(PROFILES),
+                        help="the named testbed to start from (default: testbed, the fast demo)")
     parser.add_argument("--seed", type=int, default=None, help="override TestbedConfig.seed")
     parser.add_argument("--config", default=None,
                         help="TestbedConfig overrides: a JSON object or a path to a JSON file")
@@ -604,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seed is not None:
         overrides["seed"] = args.seed
     try:
-        config = TestbedConfig(**overrides)
+        config = dataclasses.replace(PROFILES[args.profile], **overrides)
     except (TypeError, ValueError) as err:
         parser.error(str(err))
     path = build_testbed(config, cache_dir=args.cache_dir, force=args.force, verbose=not args.quiet)

@@ -1,4 +1,4 @@
-"""The CPU testbed's DataModule: seeded arithmetic problems instead of a math training file."""
+"""The CPU testbeds' DataModules: seeded arithmetic problems instead of a math training file."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Any
 
 from data_modules.arithmetic import LEVELS, generate_problems
 from data_modules.math import MathRLDataModule
+from data_modules.multistep import generate_chain_problems
 
 
 class ArithmeticRLDataModule(MathRLDataModule):
@@ -34,3 +35,34 @@ class ArithmeticRLDataModule(MathRLDataModule):
         if hp.num_val <= 0:
             return None
         return generate_problems(hp.num_val, seed=hp.data_seed, levels=hp.levels, split="heldout")
+
+
+class ChainRLDataModule(MathRLDataModule):
+    """`MathRLDataModule` over multi-step arithmetic chains (`data_modules.multistep`): the
+    ``testbed-long`` profile's task, 5-8 operations per problem, answers worded freely.
+
+    Args:
+        num_train: training problems drawn from the train split.
+        num_val: held-out problems for the validation loop (avg@K during training).
+        ops: numbers of operations per problem to draw from.
+        max_value: every intermediate value stays in 0..max_value.
+        data_seed: the generator's seed (independent of the sampling seed).
+        **kwargs: every `MathRLDataModule` argument (batch_size, group_size, engine, ...).
+    """
+
+    def __init__(self, num_train: int = 2000, num_val: int = 64, ops: list[int] = [4, 5, 6, 7],
+                 max_value: int = 99, data_seed: int = 0, **kwargs: Any) -> None:
+        kwargs.setdefault("train_files", "chain")
+        super().__init__(**kwargs)
+        self.hparams.update(num_train=num_train, num_val=num_val, ops=list(ops), max_value=max_value,
+                            data_seed=data_seed)
+
+    def _rows(self, n: int, split: str) -> list[dict[str, Any]]:
+        hp = self.hparams
+        return generate_chain_problems(n, seed=hp.data_seed, ops=hp.ops, split=split, max_value=hp.max_value)
+
+    def load_train_rows(self) -> list[dict[str, Any]]:
+        return self._rows(self.hparams.num_train, "train")
+
+    def load_val_rows(self) -> list[dict[str, Any]] | None:
+        return self._rows(self.hparams.num_val, "heldout") if self.hparams.num_val > 0 else None

@@ -44,6 +44,20 @@ def test_verdict_supported_not_supported_inconclusive():
     assert v.diff == pytest.approx(margin) and v.verdict in ("inconclusive", "supported")
 
 
+def test_welch_p_value_matches_the_formula():
+    a, b = [0.50, 0.52, 0.51, 0.55, 0.49], [0.30, 0.41, 0.29, 0.35]
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    t = (np.mean(a) - np.mean(b)) / math.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    from scipy.stats import t as student_t
+    expected = 2 * student_t.sf(abs(t), dof)
+    v = S.verdict(a, b)
+    assert v.p_value == pytest.approx(expected, rel=1e-9) and 0 < v.p_value < 0.01
+    assert S.verdict([0.4, 0.6, 0.5], [0.45, 0.55, 0.4]).p_value > 0.3
+    assert math.isnan(S.verdict([0.9], [0.1]).p_value)          # one seed: no test
+    assert math.isnan(S.verdict([0.0, 0.0], [0.0, 0.0]).p_value)  # no spread at all
+
+
 def test_verdict_needs_two_seeds_and_drops_nan():
     assert S.verdict([0.9], [0.1]).verdict == "inconclusive"  # no spread, no test
     v = S.verdict([0.9, float("nan"), 0.91], [0.1, 0.12, None])
@@ -241,6 +255,7 @@ def test_report_from_synthetic_runs(tmp_path):
     assert (figures / "fig4_aspo.png").exists()
     assert "](study/figure2_overlays.png)" in text and "](study/fig4_aspo.png)" in text
     assert text.count("— **supported**") == 9
+    assert text.count("Welch p = ") == 9 and "Welch's t-test" in text
     assert "| initial model (testbed, before RL) | 40.0 ± 0.0 | 60.0 ± 0.0 | 3 |" in text
     assert "Decision rule" in text and "2 × the pooled standard error" in text
     assert "All 18 runs finished." in text
@@ -285,6 +300,33 @@ def test_study_configs_parse():
         assert study.max_steps > 0 and study.base_config[0].is_file()
     default = S.load_study(REPO / "conf" / "study" / "default.yaml")
     assert set(default.losses) == set(LOSSES) and len(default.seeds) >= 3
+
+
+def test_prebuild_builds_the_profile_the_base_configs_name(tmp_path, monkeypatch):
+    """The study builds (and pins) the testbed its fit configs train, read through `config:` bases."""
+    base = tmp_path / "base.yaml"
+    base.write_text("model:\n  model_name_or_path: testbed\n")
+    derived = tmp_path / "derived.yaml"
+    derived.write_text("config: base.yaml\nmodel:\n  model_name_or_path: testbed-long\n")
+    path = write_study_yaml(tmp_path, losses=["aspo"], seeds=[0])
+    study = S.load_study(path)
+    study.base_config = [derived]
+    assert S.model_name(study) == "testbed-long"
+    study.overrides = ["--model.model_name_or_path=/some/folder"]
+    assert S.model_name(study) == "/some/folder"
+    calls = []
+    monkeypatch.setattr(S.subprocess, "run", lambda argv, **kw: calls.append(argv))
+    assert S.prebuild_testbed(study, echo=lambda m: None) == 0 and calls == []   # not a testbed
+    study.overrides = []
+    out = tmp_path / "built"
+    (out).mkdir()
+    (out / "testbed.json").write_text("{}")
+
+    class Done:
+        returncode, stdout = 0, f"{out}\n"
+    monkeypatch.setattr(S.subprocess, "run", lambda argv, **kw: calls.append(argv) or Done())
+    assert S.prebuild_testbed(study, echo=lambda m: None) == 0
+    assert calls[-1][-2:] == ["--profile", "testbed-long"] and study.model_path == str(out)
 
 
 def test_dry_run_prints_commands(tmp_path, capsys):

@@ -1,0 +1,111 @@
+"""The paper-regime testbed's data (data_modules.multistep) and its profile plumbing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from data_modules.arithmetic import split_of
+from data_modules.multistep import generate_chain_problems
+
+_FACT = re.compile(r"(\d+)\s*(\+|-|\*|/|plus|minus|times|and|less)\s*(\d+)\s*(=|is|makes|give)\s*(\d+)")
+_WORDED = re.compile(r"(?:(twice) (\d+)|(\d+) (doubled)) is (\d+)", re.I)
+
+
+def _apply(op: str, a: int, b: int) -> int:
+    return {"+": a + b, "plus": a + b, "and": a + b, "-": a - b, "minus": a - b, "less": a - b,
+            "*": a * b, "times": a * b, "/": a // b}[op]
+
+
+def test_deterministic_prefix_stable_and_unique():
+    a = generate_chain_problems(50, seed=3)
+    assert a == generate_chain_problems(50, seed=3)
+    assert generate_chain_problems(80, seed=3)[:50] == a
+    assert a != generate_chain_problems(50, seed=4)
+    assert len({r["id"] for r in generate_chain_problems(400, seed=0)}) == 400
+
+
+@pytest.mark.parametrize("max_value", [30, 99])
+def test_every_worked_step_is_true_and_boxed_is_the_answer(max_value):
+    rows = generate_chain_problems(300, seed=1, ops=(4, 5, 6), max_value=max_value)
+    assert any("twice" in r["solution"] or "doubled" in r["solution"] for r in rows)
+    for row in rows:
+        lines = row["solution"].split("\n")
+        assert lines[-1] == f"\\boxed{{{row['answer']}}}"
+        facts = 0
+        for line in lines[:-1]:
+            for a, op, b, _, c in _FACT.findall(line):
+                assert _apply(op, int(a), int(b)) == int(c), (line, row)
+                assert 0 <= int(c) <= max_value and 0 <= int(a) <= max_value
+                facts += 1
+            for _, x1, x2, _, z in _WORDED.findall(line):
+                assert 2 * int(x1 or x2) == int(z), line
+                facts += 1
+        assert facts >= row["level"], row  # one worked fact per operation (plus re-checks)
+        assert row["level"] in (4, 5, 6)
+
+
+def test_wording_varies_but_the_arithmetic_is_forced():
+    rows = generate_chain_problems(200, seed=0)
+    first_lines = {r["solution"].split("\n")[0] for r in rows}
+    assert len(first_lines) > 50                      # free wording
+    # the format itself does not repeat word 4-grams (the repetition metric measures loops)
+    from aspo_lit.callbacks.repetition import ngram_hashes
+    repeats = [len(set(h.tolist())) < len(h) for h in (ngram_hashes(r["solution"], 4) for r in rows)]
+    assert sum(repeats) / len(rows) < 0.1
+    assert sum("Check:" in r["solution"] for r in rows) > 20   # re-checks occur
+    assert all(r["solution"].count("\\boxed{") == 1 for r in rows)
+
+
+def test_train_and_heldout_never_share_a_chain():
+    train = generate_chain_problems(500, seed=0, split="train")
+    held = generate_chain_problems(200, seed=0, split="heldout")
+    assert not {r["problem"] for r in train} & {r["problem"] for r in held}
+    assert len(held) == 200
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="split"):
+        generate_chain_problems(3, seed=0, split="test")
+    with pytest.raises(ValueError, match="ops"):
+        generate_chain_problems(3, seed=0, ops=())
+    with pytest.raises(ValueError, match="max_value"):
+        generate_chain_problems(3, seed=0, max_value=5)
+
+
+def test_profiles_and_config_validation():
+    from aspo_lit.testbed import PROFILES, TestbedConfig, config_hash
+
+    assert PROFILES["testbed"] == TestbedConfig()
+    long = PROFILES["testbed-long"]
+    assert long.task == "chain" and long.stop_on == "sampled"
+    assert config_hash(long) != config_hash(PROFILES["testbed"])
+    assert long.problems(5, "heldout") == generate_chain_problems(
+        5, long.seed, long.ops, split="heldout", comment_prob=long.comment_prob,
+        check_prob=long.check_prob, max_value=long.max_value)
+    with pytest.raises(ValueError, match="task"):
+        TestbedConfig(task="poetry")
+    with pytest.raises(ValueError, match="stop_on"):
+        TestbedConfig(stop_on="vibes")
+
+
+def test_model_name_resolves_profiles(monkeypatch, tmp_path):
+    import aspo_lit.testbed as T
+    from aspo_lit.models import resolve_model_path
+
+    built = []
+    monkeypatch.setattr(T, "build_testbed", lambda config: built.append(config) or tmp_path)
+    assert resolve_model_path("testbed-long") == str(tmp_path)
+    assert built == [T.PROFILES["testbed-long"]]
+    assert resolve_model_path("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
+
+
+def test_chain_datamodule_rows_follow_its_arguments():
+    from data_modules.testbed import ChainRLDataModule
+
+    dm = ChainRLDataModule(num_train=20, num_val=8, ops=[4, 5], max_value=30, data_seed=2)
+    train, val = dm.load_train_rows(), dm.load_val_rows()
+    assert train == generate_chain_problems(20, seed=2, ops=(4, 5), split="train", max_value=30)
+    assert len(val) == 8 and all(split_of is not None and r["level"] in (4, 5) for r in val)
+    assert ChainRLDataModule(num_val=0).load_val_rows() is None
