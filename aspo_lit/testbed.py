@@ -16,9 +16,15 @@ own policy on first use:
    accuracy is then measured by real sampling on other held-out problems — so GRPO/ASPO groups
    contain both correct and wrong answers (eq. 1 needs reward variance within a group).
 
+Two named profiles (:data:`PROFILES`): ``testbed``, the fast demo above (1–3 forced steps,
+``data_modules.arithmetic``), and ``testbed-long``, the paper's regime (4–7 steps whose wording is
+free, ``data_modules.multistep``; long answers with many free tokens, stopped on *sampled*
+accuracy; docs/testbed-long.md).
+
 The result is saved with ``save_pretrained`` into ``<cache_dir>/testbed-<confighash>/`` with a
 ``testbed.json`` summary, built in a temporary folder and renamed into place, and reused until the
-config (or :data:`BUILDER_VERSION`) changes. ``python -m aspo_lit.testbed [--force]`` builds it.
+config (or :data:`BUILDER_VERSION`) changes. ``python -m aspo_lit build-testbed [--profile NAME]
+[--force]`` builds it.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "BUILDER_VERSION",
     "TestbedConfig",
+    "PROFILES",
     "config_hash",
     "default_cache_dir",
     "testbed_dir",
@@ -90,7 +97,7 @@ class TestbedConfig:
     num_train_problems: int = 20000
     word_prob: float = 0.5
     ops: tuple[int, ...] = (4, 5, 6, 7)
-    comment_prob: float = 0.5
+    comment_prob: float = 0.6
     check_prob: float = 0.15
     max_value: int = 99
     # tokenizer: byte-level BPE; vocab_size <= 263 (256 bytes + 7 specials) means no merges,

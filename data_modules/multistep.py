@@ -52,19 +52,21 @@ _WORDS = ("good", "fine", "easy", "nice", "sure", "right", "clear", "great", "ne
           "super", "sweet", "plain", "obvious", "exact", "natural", "tidy", "steady", "calm")
 #: one free word before the quoted operation (or none)
 _PREFIX = ("", "", "", "next ", "then ", "now ", "so ", "OK ", "right ", "well ", "alright ", "sure ",
-           "good ", "yes ", "hmm ", "okay ", "first ", "again ", "also ", "and ", "we ", "just ")
+           "good ", "yes ", "hmm ", "okay ", "first ", "again ", "also ", "and ", "we ", "just ",
+           "fine ", "great ", "indeed ", "cool ", "nice ", "look ")
 #: the fact, worded freely; the running value comes first, so it sits in every 4-word window
 _CORE = {
     "add": ("{x}+{k}={y}", "{x} plus {k} is {y}", "{x}+{k} makes {y}", "{x} and {k} give {y}"),
     "sub": ("{x}-{k}={y}", "{x} minus {k} is {y}", "{x}-{k} makes {y}", "{x} less {k} is {y}"),
     "mul2": ("{x}*2={y}", "{x} times 2 is {y}", "{x} doubled is {y}", "twice {x} is {y}"),
 }
-#: the end of a step line: a full stop, or a full stop and one free word
-_END = (".", ".", ".", "!") + tuple(f". {w.capitalize()}." for w in _WORDS)
+#: the end of a step line: a full stop and one free word
+_END = tuple(f". {w.capitalize()}." for w in _WORDS)
+#: a comment line: a running-total remark, or two free words
 _COMMENT = ("We have {y} so far.", "The total is {y} now.", "Keep going.", "Almost there.",
             "That leaves {y}.", "Still fine.", "Now it is {y}.", "On we go.", "Good so far.",
-            "Let me continue.", "That was easy.") + tuple(
-    f"{a.capitalize()} and {b}." for a, b in zip(_WORDS, _WORDS[7:] + _WORDS[:7]))
+            "Let me continue.", "That was easy.", "{a} and {b}.", "{a} and {b}.", "{a} and {b}.",
+            "{a} and {b}.", "{a}, {b}.", "{a}, {b}.", "{a}, {b}.")
 _CHECK = {"add": "Check: {y}-{k}={x}.", "sub": "Check: {y}+{k}={x}.", "mul2": "Check: {y}/2={x}."}
 _CLOSE = ("", "", "The answer is {y}.", "So the result is {y}.", "That gives {y}.", "Done: {y}.")
 
@@ -91,7 +93,7 @@ def _canonical(x0: int, steps) -> str:
     return str(x0) + "".join(f"{sym[kind]}{k}" for kind, _, k, _ in steps)
 
 
-def make_chain_problem(rng: random.Random, n_ops: int, comment_prob: float = 0.5,
+def make_chain_problem(rng: random.Random, n_ops: int, comment_prob: float = 0.6,
                        check_prob: float = 0.15, max_value: int = 99) -> dict:
     """One problem with ``n_ops`` alternating operations and a freely worded worked solution
     (no id, no split). Every step line starts with ``Step i:`` and quotes its operation from the
@@ -110,7 +112,7 @@ def make_chain_problem(rng: random.Random, n_ops: int, comment_prob: float = 0.5
         # the step number and the quoted operation are forced; the wording around the fact is free
         lines.append(f"Step {i}: {rng.choice(_PREFIX)}{phrase}: {core}{rng.choice(_END)}")
         if rng.random() < comment_prob:
-            lines.append(rng.choice(_COMMENT).format(y=y))
+            lines.append(rng.choice(_COMMENT).format(y=y, a=rng.choice(_WORDS).capitalize(), b=rng.choice(_WORDS)))
         if rng.random() < check_prob:
             lines.append(_CHECK[kind].format(x=x, k=k, y=y))
     answer = steps[-1][3]
@@ -123,7 +125,7 @@ def make_chain_problem(rng: random.Random, n_ops: int, comment_prob: float = 0.5
 
 
 def generate_chain_problems(n: int, seed: int, ops: Sequence[int] = (4, 5, 6, 7),
-                            split: str = "train", comment_prob: float = 0.5,
+                            split: str = "train", comment_prob: float = 0.6,
                             check_prob: float = 0.15, max_value: int = 99) -> list[dict]:
     """``n`` distinct problems of ``split``, the number of operations drawn uniformly from ``ops``.
 
