@@ -16,7 +16,6 @@ name) holds ``testbed.json`` with the config hash; a changed config rebuilds it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -127,7 +126,7 @@ def _build_into(out: Path, config: CodeTestbedConfig, log) -> dict:
     from transformers import AutoModelForCausalLM
 
     from aspo_lit.code_prompts import build_code_prompt
-    from aspo_lit.testbed import _deterministic, _generation_config, _model_config, _train_tokenizer
+    from aspo_lit.testbed import deterministic, generation_config_for, model_config, train_tokenizer
     from data_modules.tiny_code import generate_problems
 
     t0 = time.perf_counter()
@@ -137,10 +136,10 @@ def _build_into(out: Path, config: CodeTestbedConfig, log) -> dict:
     corpus_rows = train[:config.tokenizer_train_problems]
     corpus = [build_code_prompt(r["problem"], r["starter_code"], None, "plain") for r in corpus_rows]
     corpus += [r["solution"] for r in corpus_rows]
-    tokenizer = _train_tokenizer(config, corpus)
-    with _deterministic(config.seed, config.num_threads):
-        model = AutoModelForCausalLM.from_config(_model_config(config, tokenizer), dtype=torch.float32)
-        model.generation_config = _generation_config(tokenizer, config)
+    tokenizer = train_tokenizer(config, corpus)
+    with deterministic(config.seed, config.num_threads):
+        model = AutoModelForCausalLM.from_config(model_config(config, tokenizer), dtype=torch.float32)
+        model.generation_config = generation_config_for(tokenizer, config)
         n_params = sum(p.numel() for p in model.parameters())
         log(f"[code testbed] {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, {len(train)} train "
             f"problems; SFT up to {config.sft_max_steps} steps")

@@ -1,4 +1,4 @@
-"""Benchmark evaluation: K samples per problem, graded, avg@K and pass@K (SPEC.md "Evaluation").
+"""Benchmark evaluation: K samples per problem, graded, avg@K and pass@K (paper §7.1, "Evaluation").
 
 Math benchmarks (Table 1) are graded by math-verify on the last ``\\boxed{}``; code benchmarks
 (Table 2: LiveCodeBench v5/v6) get LiveCodeBench's prompt and are graded by running the last

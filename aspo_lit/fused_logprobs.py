@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from aspo_lit.logprobs import _chunk_forward
+from aspo_lit.logprobs import chunk_forward
 
 __all__ = ["fused_linear_logprobs"]
 
@@ -52,7 +52,7 @@ class _FusedLinearLogprobs(torch.autograd.Function):
         flat_logprobs, flat_entropy = logprobs.view(-1), entropy.view(-1)
         for span in _spans(n, chunk_size):
             z = _logits_fp32(hidden[span], weight, bias, temperature)
-            chunk_log_z, chunk_logprobs, chunk_entropy = _chunk_forward(z, labels[span], with_entropy)
+            chunk_log_z, chunk_logprobs, chunk_entropy = chunk_forward(z, labels[span], with_entropy)
             del z
             log_z[span] = chunk_log_z
             flat_logprobs[span] = chunk_logprobs

@@ -52,7 +52,7 @@ def _scaled_fp32(chunk: Tensor, temperature: float) -> Tensor:
     return z / temperature if temperature != 1.0 else z
 
 
-def _chunk_forward(z: Tensor, labels: Tensor | None, with_entropy: bool):
+def chunk_forward(z: Tensor, labels: Tensor | None, with_entropy: bool):
     """Log Z, label log-probs and entropy of one chunk of fp32 logits ``z`` ``[B, t, V]``.
 
     One ``[B, t, V]`` temporary: ``p = exp(z - max z)``; ``log Z = max z + log Σp``;
@@ -78,7 +78,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_empty(0)
         for pos in _chunks(logits, chunk_size):
             z = _scaled_fp32(logits[:, pos], temperature)
-            chunk_log_z, chunk_logprobs, chunk_entropy = _chunk_forward(z, labels[:, pos], with_entropy)
+            chunk_log_z, chunk_logprobs, chunk_entropy = chunk_forward(z, labels[:, pos], with_entropy)
             log_z[:, pos] = chunk_log_z
             logprobs[:, pos] = chunk_logprobs
             if with_entropy:
@@ -128,5 +128,5 @@ def token_entropy(logits: Tensor, chunk_size: int = 1024, temperature: float = 1
     _validate(logits, None, chunk_size, temperature)
     entropy = logits.new_empty(logits.shape[:2], dtype=torch.float32)
     for pos in _chunks(logits, chunk_size):
-        entropy[:, pos] = _chunk_forward(_scaled_fp32(logits[:, pos], temperature), None, True)[2]
+        entropy[:, pos] = chunk_forward(_scaled_fp32(logits[:, pos], temperature), None, True)[2]
     return entropy

@@ -1,6 +1,6 @@
 """Policy losses: GRPO (eq. 1), its IS ablations, and ASPO (Sec. 6) behind one registry.
 
-Notation per response token (../shared/SPEC.md): ``lp = log π_θ``, ``old = log π_old``,
+Notation per response token (docs/design.md, "Losses"): ``lp = log π_θ``, ``old = log π_old``,
 ``r = exp(lp - old)`` (computed in log space and clamped, as the authors' code does), ``A`` the
 response's advantage broadcast to its tokens, ``mask`` the response-token mask.
 

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from aspo_lit.callbacks.figures import PANELS, _accuracy_key, _smooth, read_metrics
+from aspo_lit.callbacks.figures import PANELS, accuracy_key, ema_smooth, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -617,13 +617,13 @@ def collect(study: Study) -> Results:
     # only finished runs enter the figures, tables and verdicts (a partial run's last value is not final)
     metrics = {name: (m if status[name] == "done" else {}) for name, m in metrics.items()}
     fits = [m for name, m in metrics.items() if m]
-    accuracy_key = _accuracy_key(fits) if fits else "val/avg@4"
-    if not accuracy_key.startswith("val/"):
-        accuracy_key = "val/avg@4"
-    val_k = accuracy_key.rsplit("@", 1)[-1]
-    pass_key = accuracy_key.replace("avg@", "pass@")
+    acc_key = accuracy_key(fits) if fits else "val/avg@4"
+    if not acc_key.startswith("val/"):
+        acc_key = "val/avg@4"
+    val_k = acc_key.rsplit("@", 1)[-1]
+    pass_key = acc_key.replace("avg@", "pass@")
     invocations = _read_json(study.out_dir / "study.json").get("invocations", [])
-    return Results(study, metrics, status, accuracy_key, pass_key, val_k, configs, health, markers,
+    return Results(study, metrics, status, acc_key, pass_key, val_k, configs, health, markers,
                    failures, invocations)
 
 
@@ -691,7 +691,7 @@ def plot_overlays(results: Results, path: Path) -> Path:
                     if base is not None and len(base[1]) and (not len(steps) or steps[0] > 0):
                         steps, values = np.r_[0.0, steps], np.r_[base[1][-1], values]
                 elif key not in UNSMOOTHED:
-                    values = _smooth(values, study.smooth)
+                    values = ema_smooth(values, study.smooth)
                 curves.append((steps, values))
             if not curves:
                 continue
@@ -829,7 +829,7 @@ def _budget_lines(results: Results) -> list[str]:
                if "response/length_max" in results.metrics.get(n, {})]
     if lengths:
         lines.append(f"* Measured response length: {np.mean(lengths):.1f} tokens on average, longest "
-                     f"{max(longest):.0f} (`response/length_mean`, `response/length_max`).")
+                     f"{_fmt(max(longest, default=math.nan))} (`response/length_mean`, `response/length_max`).")
     rollout_s = [float(np.mean(results.metrics[n]["timing/rollout_s"][1])) for n in fit_names
                  if "timing/rollout_s" in results.metrics.get(n, {})]
     if step_s and rollout_s:
@@ -857,8 +857,13 @@ def _regime_lines(results: Results) -> list[str]:
 
     pos, neg = span("ratio/pos_mean"), span("ratio/neg_mean")
     dual = [span(k) for k in ("clip/pos_dual", "clip/neg_dual")]
-    if pos is None and neg is None:
-        return []
+    lines: list[str] = []
+    if pos is not None or neg is not None:
+        lines += _ratio_lines(pos, neg, dual)
+    return lines + _profile_lines(results, runs)
+
+
+def _ratio_lines(pos, neg, dual) -> list[str]:
     text = ("Off-policy regime, over every step of every run: the mean IS ratio of the A > 0 tokens "
             f"(`ratio/pos_mean`) stayed within [{_fmt(pos[0]) if pos else 'n/a'}, {_fmt(pos[1]) if pos else 'n/a'}]"
             f", of the A < 0 tokens (`ratio/neg_mean`) within [{_fmt(neg[0]) if neg else 'n/a'}, "
@@ -867,6 +872,27 @@ def _regime_lines(results: Results) -> list[str]:
         text += ("; the largest share of dual-clipped tokens in a step was "
                  + ", ".join(f"{_fmt(d[1])} (`{k}`)" for d, k in zip(dual, ("clip/pos_dual", "clip/neg_dual")) if d))
     return [text + ".", ""]
+
+
+def _profile_lines(results: Results, runs: list[Series]) -> list[str]:
+    """The profile's measured properties (the protocol's targets), from the runs themselves."""
+    study, lines = results.study, []
+    first = {key: [float(m[key][1][0]) for m in runs if key in m and len(m[key][1])]
+             for key in ("train/entropy", "response/length_mean")}
+    if first["train/entropy"]:
+        lines += [f"Profile properties measured in these runs: the first rollout batch's mean token entropy "
+                  f"(`train/entropy`) {_mean_std(first['train/entropy'])} nats (target ≥ 0.5), its mean "
+                  f"response length {_mean_std(first['response/length_mean'])} tokens (target 80–300) "
+                  f"over {len(first['train/entropy'])} runs. The share of A > 0 tokens with r > 1 + ε "
+                  "(`clip/pos_high`), maximum over the steps of a run (target ≥ 5 % at some step):", ""]
+        lines += ["| loss | max `clip/pos_high` per seed | runs reaching 5 % |", "|---|---|---|"]
+        for loss in study.losses:
+            peaks = per_seed(results, loss, "clip/pos_high", "max")
+            hit = sum(x >= 0.05 for x in peaks if math.isfinite(x))
+            lines.append(f"| {label(loss)} | {' / '.join(_fmt(x) for x in peaks)} | "
+                         f"{hit} of {sum(math.isfinite(x) for x in peaks)} |")
+        lines.append("")
+    return lines
 
 
 def render_report(results: Results, figures: Mapping[str, Path]) -> str:

@@ -238,7 +238,7 @@ def is_correct(text: str, answer: str) -> bool:
 
 # ----------------------------------------------------------------------------- tokenizer
 
-def _train_tokenizer(config: TestbedConfig, corpus: Sequence[str]):
+def train_tokenizer(config: TestbedConfig, corpus: Sequence[str]):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -272,7 +272,7 @@ def _encode_prompts(tokenizer, problems: Sequence[str]) -> list[list[int]]:
 
 # ----------------------------------------------------------------------------- model
 
-def _model_config(config: TestbedConfig, tokenizer):
+def model_config(config: TestbedConfig, tokenizer):
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,
@@ -302,7 +302,7 @@ def _model_config(config: TestbedConfig, tokenizer):
     return cfg
 
 
-def _generation_config(tokenizer, config: TestbedConfig):
+def generation_config_for(tokenizer, config: TestbedConfig):
     from transformers import GenerationConfig
     # Plain ancestral sampling by default (transformers' default top_k=50 would truncate it).
     return GenerationConfig(
@@ -313,7 +313,7 @@ def _generation_config(tokenizer, config: TestbedConfig):
 
 
 @contextlib.contextmanager
-def _deterministic(seed: int, num_threads: int | None = None):
+def deterministic(seed: int, num_threads: int | None = None):
     """Seeded, deterministic-algorithm CPU scope that restores the caller's RNG/threads/flags."""
     import torch
     prev_threads = torch.get_num_threads()
@@ -486,12 +486,12 @@ def _sft(model, tokenizer, config: TestbedConfig, train_rows, dev_rows, log) -> 
         lr=config.sft_lr, betas=(0.9, 0.95),
     )
 
-    evaluate = None
-    if config.stop_on == "sampled":
-        def evaluate(m) -> float:
-            return _sample_accuracy(m, tokenizer, dev_rows, temperature=config.temperature,
-                                    max_new_tokens=config.max_response_tokens, seed=config.seed)["accuracy"]
-    return sft_loop(model, opt, examples, dev, pad, config, log, name="testbed", evaluate=evaluate)
+    def sampled(m) -> float:
+        return _sample_accuracy(m, tokenizer, dev_rows, temperature=config.temperature,
+                                max_new_tokens=config.max_response_tokens, seed=config.seed)["accuracy"]
+
+    return sft_loop(model, opt, examples, dev, pad, config, log, name="testbed",
+                    evaluate=sampled if config.stop_on == "sampled" else None)
 
 
 def sft_loop(model, opt, examples, dev, pad, config, log, name: str, evaluate=None) -> dict:
@@ -564,11 +564,11 @@ def _build_into(out: Path, config: TestbedConfig, log) -> dict:
 
     corpus_rows = train_rows[:config.tokenizer_train_problems]
     corpus = [r["problem"] + INSTRUCTION for r in corpus_rows] + [r["solution"] for r in corpus_rows]
-    tokenizer = _train_tokenizer(config, corpus)
+    tokenizer = train_tokenizer(config, corpus)
 
-    with _deterministic(config.seed, config.num_threads):
-        model = AutoModelForCausalLM.from_config(_model_config(config, tokenizer), dtype=torch.float32)
-        model.generation_config = _generation_config(tokenizer, config)
+    with deterministic(config.seed, config.num_threads):
+        model = AutoModelForCausalLM.from_config(model_config(config, tokenizer), dtype=torch.float32)
+        model.generation_config = generation_config_for(tokenizer, config)
         n_params = sum(p.numel() for p in model.parameters())
         log(f"[testbed] {config.model_type} {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, "
             f"{len(train_rows)} train problems; SFT up to {config.sft_max_steps} steps")

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
-from aspo_lit.rewards.code import LCB_PRELUDE, CodeReward, _find_python, code_gold  # noqa: E402
+from aspo_lit.rewards.code import LCB_PRELUDE, CodeReward, find_python, code_gold  # noqa: E402
 
 PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
 GOLD = code_gold({"tests": [{"input": "1 2\n", "output": "3\n"}], "fn_name": None})
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
               f"{len(texts) / elapsed:.1f} programs/s ({1000 * elapsed / len(texts):.1f} ms each, "
               f"{args.programs} programs)")
 
-        python, _ = _find_python("auto")
+        python, _ = find_python("auto")
         bare_cmd = [python, "-I", "-S", "-c", LCB_PRELUDE + PROGRAM]
         sandboxed, bare = [], []
         for i in range(args.repeats):

@@ -110,3 +110,33 @@ def test_chain_datamodule_rows_follow_its_arguments():
     assert train == generate_chain_problems(20, seed=2, ops=(4, 5), split="train", max_value=30)
     assert len(val) == 8 and all(split_of is not None and r["level"] in (4, 5) for r in val)
     assert ChainRLDataModule(num_val=0).load_val_rows() is None
+
+
+def test_tiny_chain_build_stops_on_sampled_accuracy(tmp_path, monkeypatch):
+    """`stop_on: sampled` checks real samples (not the gold solution's probability) and the summary
+    records the profile's task, length and entropy."""
+    import json
+
+    import aspo_lit.testbed as T
+
+    calls = []
+    real = T._sample_accuracy
+
+    def spy(model, tokenizer, problems, **kw):
+        calls.append(len(problems))
+        return real(model, tokenizer, problems, **kw)
+
+    monkeypatch.setattr(T, "_sample_accuracy", spy)
+    monkeypatch.setattr(T, "_gold_probability", lambda *a, **k: pytest.fail("gold probability used"))
+    config = T.TestbedConfig(
+        task="chain", ops=(4,), max_value=30, num_train_problems=200, tokenizer_train_problems=100,
+        vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=512, sft_max_steps=4, sft_batch_size=4,
+        sft_warmup_steps=1, stop_on="sampled", eval_every=2, eval_min_step=2, dev_problems=4,
+        heldout_problems=4, max_response_tokens=24, stop_accuracy=0.0)
+    path = T.build_testbed(config, cache_dir=tmp_path, verbose=False)
+    meta = json.loads((path / "testbed.json").read_text())
+    assert meta["sft_steps"] == 2                    # stop_accuracy 0 is met at the first check
+    assert calls[0] == 4 and calls[-1] == 4           # dev check, then the final held-out report
+    assert meta["name"] == "aspo-lit chain testbed" and meta["config"]["ops"] == [4]
+    assert meta["heldout"]["mean_token_entropy"] > 0 and meta["heldout"]["mean_response_tokens"] > 0

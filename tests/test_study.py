@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +114,7 @@ def synthetic_run(run_dir: Path, loss: str, seed: int, steps: int = 40, split_at
                      "train/kl": 0.01 * frac,
                      "train/grad_norm": (p["spike"] if step == steps // 2 else 0.5) + rng.normal(0, 0.01),
                      "train/reward_mean": 0.4 + 0.3 * frac,
+                     "response/length_mean": 150.0 - 50 * frac,
                      "timing/step_s": 2.0})
         if (step + 1) % 10 == 0:
             acc = 0.4 + (p["acc"] - 0.4) * (step + 1) / steps + rng.normal(0, 0.005)
@@ -256,6 +258,12 @@ def test_report_from_synthetic_runs(tmp_path):
     assert "](study/figure2_overlays.png)" in text and "](study/fig4_aspo.png)" in text
     assert text.count("— **supported**") == 9
     assert text.count("Welch p = ") == 9 and "Welch's t-test" in text
+    # the profile's properties, measured from the runs: first-batch entropy and length, and the
+    # runs whose clip/pos_high reached the 5 % target (GRPO's peaks at 0.05 + noise; ASPO's at 0.005)
+    assert re.search(r"\(`train/entropy`\) 0\.60\d* ± 0\.00\d+ nats", text)
+    assert "response length 150 ± 0 tokens" in text and "over 15 runs" in text
+    assert re.search(r"\| GRPO \| 0\.05\d* / 0\.05\d* / 0\.05\d* \| 3 of 3 \|", text)
+    assert re.search(r"\| ASPO \| 0\.005\d* / 0\.005\d* / 0\.005\d* \| 0 of 3 \|", text)
     assert "| initial model (testbed, before RL) | 40.0 ± 0.0 | 60.0 ± 0.0 | 3 |" in text
     assert "Decision rule" in text and "2 × the pooled standard error" in text
     assert "All 18 runs finished." in text

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-PANELS = (  # (metric, panel title); the accuracy panel is chosen per call, see _accuracy_key
+PANELS = (  # (metric, panel title); the accuracy panel is chosen per call, see accuracy_key
     (None, "Accuracy"),
     ("train/entropy", "Entropy"),
     ("train/repetition_rate", "Repetition rate"),
@@ -62,13 +62,13 @@ def _float(cell: str | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _accuracy_key(runs: Sequence[dict]) -> str:
+def accuracy_key(runs: Sequence[dict]) -> str:
     keys = sorted({k for run in runs for k in run if _AVG_AT.match(k)},
                   key=lambda k: (-sum(k in run for run in runs), k))
     return keys[0] if keys else "train/reward_mean"
 
 
-def _smooth(y: np.ndarray, alpha: float) -> np.ndarray:
+def ema_smooth(y: np.ndarray, alpha: float) -> np.ndarray:
     if alpha <= 0 or y.size == 0:
         return y
     out = np.empty_like(y, dtype=np.float64)
@@ -87,14 +87,14 @@ def plot_figure2(run_dirs: Sequence[str], out_path_stem: str, labels: Sequence[s
     if len(labels) != len(run_dirs):
         raise ValueError(f"{len(labels)} labels for {len(run_dirs)} runs")
     runs = [read_metrics(find_metrics_csv(r)) for r in run_dirs]
-    accuracy = _accuracy_key(runs)
+    accuracy = accuracy_key(runs)
     fig = Figure(figsize=(4 * len(PANELS), 3.4), layout="constrained")
     for ax, (key, title) in zip(fig.subplots(1, len(PANELS)), PANELS):
         key = key or accuracy
         for i, (run, label) in enumerate(zip(runs, labels)):
             if key in run:
                 steps, values = run[key]
-                ax.plot(steps, _smooth(values, smooth), color=f"C{i}", label=label, lw=1.4,
+                ax.plot(steps, ema_smooth(values, smooth), color=f"C{i}", label=label, lw=1.4,
                         marker="o" if len(steps) < 30 else None, ms=3)
         ax.set(title=title, xlabel="step", ylabel=key)
         ax.grid(alpha=0.3)

@@ -571,7 +571,7 @@ except BrokenPipeError:
 # --------------------------------------------------------------------------- sandboxes
 
 
-def _find_python(python: str) -> tuple[str, list[str]]:
+def find_python(python: str) -> tuple[str, list[str]]:
     """(interpreter path, extra read-only folders it needs inside the sandbox).
 
     ``auto``: a system Python under ``/usr`` (visible anyway), else this interpreter's base
@@ -625,7 +625,7 @@ class _Sandbox:
         if config.kind not in SANDBOXES:
             raise ValueError(f"sandbox must be one of {SANDBOXES}, got {config.kind!r}")
         self.config = config
-        self.python, self.python_binds = _find_python(config.python)
+        self.python, self.python_binds = find_python(config.python)
         self.uid = config.run_as_uid if os.geteuid() == 0 and config.run_as_uid is not None else None
         self.bwrap = None
         if config.kind == "bwrap":
