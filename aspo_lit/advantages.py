@@ -1,4 +1,4 @@
-"""Group-relative advantages (GRPO, eq. 1 of the paper; SPEC "Advantages").
+"""Group-relative advantages (GRPO, eq. 1 of the paper; docs/design.md).
 
 Rewards are laid out group-contiguously: rows ``g*G .. g*G+G-1`` are the G responses of prompt g.
 """

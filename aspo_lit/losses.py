@@ -56,7 +56,7 @@ POLICY_LOSSES: dict[str, type["PolicyLoss"]] = {}
 
 
 # ----------------------------------------------------------------------------------------------
-# aggregation (SPEC "KL and aggregation")
+# aggregation (docs/design.md, "Losses")
 
 def _check_loss_agg(loss_agg: str) -> None:
     if loss_agg not in LOSS_AGG_MODES:
@@ -121,7 +121,7 @@ def _as_normalizer(normalizer: Tensor | float, like: Tensor) -> Tensor:
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
     """Per-token KL(π_θ ‖ π_ref) estimate ``[B, T]`` from sampled-token log-probs (Schulman 2020).
 
-    ``k1`` ("kl"): ``lp - ref``; ``k2`` ("mse"): ``½(lp - ref)²``; ``k3`` ("low_var_kl", SPEC):
+    ``k1`` ("kl"): ``lp - ref``; ``k2`` ("mse"): ``½(lp - ref)²``; ``k3`` ("low_var_kl", verl's name):
     ``exp(ref - lp) - (ref - lp) - 1``, its value clamped to [-10, 10]. The exponent is clamped to
     ±20 first so a huge gap never gives inf (whose clamp would back-propagate NaN).
     """
@@ -208,7 +208,7 @@ def masked_row_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def high_entropy_tokens(entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
-    """Tokens above their response's ``quantile`` of token entropy (authors' code, SPEC)."""
+    """Tokens above their response's ``quantile`` of token entropy (the authors' code)."""
     masked_entropy = entropy.masked_fill(~mask, float("nan"))
     threshold = torch.nanquantile(masked_entropy, quantile, dim=-1, keepdim=True)
     return mask & (entropy > threshold)

@@ -4,7 +4,7 @@ GRPO's ratio over-weights already-confident positive tokens (Sec. 4.3, Fig. 4), 
 first as entropy falling fast toward zero ("entropy collapse", App. D). Logged each step:
 
 * ``train/entropy`` — mean of the pre-update policy's token entropy over response tokens, weighted
-  by tokens across ranks (SPEC "Metrics and diagnostics");
+  by tokens across ranks (docs/metrics.md);
 * ``train/entropy_slope`` — least-squares slope of ``train/entropy`` per training step over the
   last ``max(window, 2)`` steps (from the 2nd step on);
 * ``alarm/entropy_collapse`` — 1 once the mean entropy of the last ``window`` steps is below

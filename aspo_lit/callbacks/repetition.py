@@ -1,4 +1,4 @@
-"""Repetition of responses (paper Fig. 2, "repetition rate"; SPEC "Metrics and diagnostics").
+"""Repetition of responses (paper Fig. 2, "repetition rate"; docs/metrics.md).
 
 The definitions, in one place. A response is split into words on whitespace (``str.split``, case
 kept); its word n-grams (n = 20 by default) are the ``L - n + 1`` windows of n consecutive words.
