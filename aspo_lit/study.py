@@ -797,7 +797,7 @@ def _budget_lines(results: Results) -> list[str]:
             f"{_get(model, 'loss_kwargs', 'eps_high', default='?')}, dual clip "
             f"{_get(model, 'loss_kwargs', 'dual_clip', default='?')}, KL β = {model.get('kl_coef')}.")
         lines.append(
-            f"* Data: arithmetic levels {data.get('levels')}, {data.get('num_train')} training problems; "
+            f"* Data: {_task(data)}, {data.get('num_train')} training problems; "
             f"held-out evaluation on {data.get('num_val')} problems × K = {data.get('val_k')} samples at "
             f"temperature {data.get('val_temperature')}, every {trainer.get('val_check_interval')} rollout "
             f"batches and at the end. A logged step (the figures' x axis) is one rollout batch.")
@@ -843,6 +843,13 @@ def _budget_lines(results: Results) -> list[str]:
             f"invocation(s) of `python -m aspo_lit study` (load average at start: "
             + ", ".join(f"{x:.1f}" for x in loads) + ").")
     return lines
+
+
+def _task(data: Mapping) -> str:
+    """The testbed task of a run's data section, in words."""
+    if data.get("ops") is not None:
+        return f"multi-step chains of {data['ops']} operations (values 0–{data.get('max_value', 99)})"
+    return f"arithmetic levels {data.get('levels')}"
 
 
 def _regime_lines(results: Results) -> list[str]:
