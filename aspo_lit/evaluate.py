@@ -140,7 +140,8 @@ def model_tag(model: str) -> str:
     """Folder name of a model's results: `org__name` for a hub id; for local weights their name
     and fingerprint, `<folder>-<fp>` or `<run>-<ckpt stem>-<fp>`, so that retrained or rebuilt
     weights (the testbed included) get fresh results instead of stale ones."""
-    from aspo_lit.models import TESTBED, resolve_model_path
+    from aspo_lit.models import resolve_model_path
+    from aspo_lit.testbed import PROFILES
 
     model = str(model)
     path = Path(model).expanduser()
@@ -148,7 +149,7 @@ def model_tag(model: str) -> str:
         run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
         run = f"{run.parent.name}-{run.name}" if run.name.startswith("version_") else run.name
         tag = f"{run}-{path.stem}-{model_fingerprint(model)[:8]}"
-    elif model == TESTBED or path.exists():
+    elif model in PROFILES or path.exists():
         local = Path(resolve_model_path(model)).resolve()
         tag = f"{local.name}-{model_fingerprint(str(local))[:8]}"
     else:
@@ -521,7 +522,7 @@ def evaluate_main(argv=None) -> int:
     """`python -m aspo_lit evaluate --model M --benchmarks aime24 math500 --out runs/eval`."""
     p = argparse.ArgumentParser(prog="aspo_lit evaluate", description=evaluate_main.__doc__)
     p.add_argument("--model", required=True,
-                   help="HF hub id, local HF folder, 'testbed', or an ASPOModule .ckpt")
+                   help="HF hub id, local HF folder, 'testbed' / 'testbed-long', or an ASPOModule .ckpt")
     p.add_argument("--benchmarks", nargs="+", default=None,
                    help="benchmark names (default: the six of Table 1; Table 2: lcb_v5 lcb_v6; "
                         "Table 3: arc_challenge gpqa_diamond mmlu_pro)")
@@ -581,7 +582,9 @@ def check_model(model: str, local_only: bool = False) -> str | None:
     path = Path(model).expanduser()
     if is_checkpoint(model) or model.startswith((".", "/", "~")) or path.exists():
         return None if path.exists() else f"not found: {model}"
-    if model == "testbed":
+    from aspo_lit.testbed import PROFILES
+
+    if model in PROFILES:   # built locally on first use
         return None
     try:
         from transformers import AutoConfig

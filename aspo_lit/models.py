@@ -6,8 +6,6 @@ from pathlib import Path
 
 import torch
 
-TESTBED = "testbed"
-
 
 def resolve_model_path(name_or_path: str) -> str:
     """`"testbed"` / `"testbed-long"` → the cached CPU testbed model (built on first use; see

@@ -140,3 +140,16 @@ def test_tiny_chain_build_stops_on_sampled_accuracy(tmp_path, monkeypatch):
     assert calls[0] == 4 and calls[-1] == 4           # dev check, then the final held-out report
     assert meta["name"] == "aspo-lit chain testbed" and meta["config"]["ops"] == [4]
     assert meta["heldout"]["mean_token_entropy"] > 0 and meta["heldout"]["mean_response_tokens"] > 0
+
+
+def test_evaluation_treats_every_profile_as_a_local_testbed(monkeypatch, tmp_path):
+    """`testbed-long` is built locally like `testbed`: no hub lookup, results tagged by fingerprint."""
+    import aspo_lit.evaluate as E
+    import aspo_lit.models as M
+
+    folder = tmp_path / "testbed-abc"
+    monkeypatch.setattr(M, "resolve_model_path", lambda name: str(folder))
+    monkeypatch.setattr(E, "model_fingerprint", lambda path: "f1e2d3c4b5a6")
+    for name in ("testbed", "testbed-long"):
+        assert E.check_model(name) is None
+        assert E.model_tag(name) == "testbed-abc-f1e2d3c4"
