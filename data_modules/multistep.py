@@ -1,24 +1,27 @@
 """Seeded multi-step arithmetic with freely worded worked solutions: the paper-regime testbed's data.
 
 The short testbed (``data_modules.arithmetic``) writes one forced line per step, so its policy
-starts near-deterministic (0.08 nats per token) with ~21-token answers. The paper's mechanism acts
+starts near-deterministic (0.09 nats per token) with ~21-token answers. The paper's mechanism acts
 on long, high-entropy responses: many tokens are stylistic choices, a few carry the reasoning
-(paper §3, Fig. 1). This generator gives the warm start exactly that mix::
+(paper §3, Fig. 1). This generator gives the warm start that mix::
 
-    {"id": "chain-7-1a2b3c4d5e", "problem": "Start with 7. Add 5, then double it, ...",
-     "answer": "41", "level": 7, "ops": 7,
-     "solution": "We start with 7.\\nNext, 7+5=12.\\nDoubling 12 gives 24. Good.\\n...\\n\\boxed{41}"}
+    {"id": "chain-6-1a2b3c4d5e", "answer": "98", "level": 6, "ops": 6,
+     "problem": "Take the number 7. Do this 6 times, taking turns: add 3, then times 2. ...",
+     "solution": "Step 1: add 3: 7 and 3 give 10. Neat.\nGood so far.\nStep 2: next times 2: ..."}
 
-* **Problem:** a start value (2–20) and a chain of ``ops`` operations (add or take away a digit,
-  double, triple), drawn so that every intermediate value stays in 0..``max_value``: each step
-  is a fact from a table the warm start can learn. ``level`` is the number of operations.
-* **Solution:** one line per operation: a random opening word, the operation quoted from the
-  problem, one of several phrasings of the fact and a random ending; optional opening and closing sentences,
-  optional running-total comments and optional re-checks (``Check: 24/2=12.``), then
-  ``\\boxed{answer}``. Only the numbers are forced; the wording is free. Re-check lines leave
-  room for loops (paper App. C's repetition).
+* **Problem:** a start value (2–20), two operations that take turns (add a digit ``a``, then take
+  away a digit below ``a`` or double) and a number of steps ``ops``; every value stays in
+  0..``max_value``. ``level`` is the number of steps.
+* **Solution:** one line per step, ``Step i: [free word] <operation quoted from the problem>:
+  <the fact in one of four phrasings>. <Free word>.``; optional comments (a running-total remark
+  or two free words), optional re-checks (``Check: 98/2=49.``), optional opening and closing
+  sentences, then ``\\boxed{answer}``. The step number, the operation and the numbers are forced;
+  the wording is free. Which operation comes next is the parity of ``i``, and the last step is
+  the number the problem gives, so a 2-layer model can read the chain. Every 4-word window of a
+  step line holds a number that changes from line to line: word 4-gram repeats measure loops,
+  not the format.
 
-Splits are a pure function of the problem's canonical chain (``7+5*2-3...``), as in
+Splits are a pure function of the problem's canonical chain (``7+3*2+3*2...``), as in
 ``data_modules.arithmetic``: the same arithmetic never appears in both splits.
 """
 from __future__ import annotations
