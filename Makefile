@@ -76,7 +76,7 @@ study-quick: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/quick.yaml
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_losses.py && $(PY) benchmarks/bench_rollout.py
+	$(PY) perf/bench_losses.py && $(PY) perf/bench_rollout.py
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache
@@ -85,7 +85,7 @@ clean:
 # The tiny code testbed (.cache/aspo_lit/testbed-code, ~1 min) and ASPO on the tiny code task
 # through the sandboxed execution reward (bubblewrap; `make setup` installs it).
 testbed-code: $(STAMP)
-	$(PY) -m aspo_lit.code_testbed
+	$(PY) -m aspo_lit.testbed.code
 
 tiny-code: testbed-code
 	$(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml --config conf/tiny/code_aspo.yaml
@@ -95,7 +95,7 @@ tiny-code: testbed-code
 # GRPO/ASPO code runs first unless their last.ckpt exists.
 reproduce-table2: $(STAMP)
 ifeq ($(PROFILE),tiny)
-	@$(PY) -m aspo_lit.code_testbed
+	@$(PY) -m aspo_lit.testbed.code
 	@for loss in grpo aspo; do \
 	  [ -f runs/tiny_code_$$loss/checkpoints/last.ckpt ] || $(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml --config conf/tiny/code_$$loss.yaml || exit 1; \
 	done
@@ -105,7 +105,7 @@ else
 endif
 
 bench-code: $(STAMP)
-	$(PY) benchmarks/bench_code_reward.py
+	$(PY) perf/bench_code_reward.py
 
 # --- out of domain (Table 3) ---------------------------------------------------------------
 # PROFILE=paper (default): evaluate conf/table3.yaml's rows (the Qwen3 math runs) on ARC-Challenge,

@@ -16,13 +16,13 @@ import sys
 from typing import Callable
 
 TOOLS: dict[str, tuple[str, str]] = {
-    "build-testbed": ("aspo_lit.testbed", "build (or find in the cache) the tiny CPU testbed model"),
-    "evaluate": ("aspo_lit.evaluate", "avg@K / pass@K of a model on the math, code or multiple-choice benchmarks"),
-    "table1": ("aspo_lit.evaluate", "evaluate the rows of conf/table1.yaml, render Table 1 beside the paper"),
-    "table2": ("aspo_lit.evaluate", "evaluate the rows of conf/table2.yaml (LiveCodeBench), render Table 2 beside the paper"),
-    "table3": ("aspo_lit.evaluate", "evaluate the rows of conf/table3.yaml (ARC-Challenge, GPQA-Diamond, MMLU-Pro), render Table 3 beside the paper"),
-    "figure2": ("aspo_lit.callbacks.figures", "overlay the paper's Figure 2 panels for several runs"),
-    "study": ("aspo_lit.study", "the CPU-scale study of the paper's training dynamics"),
+    "build-testbed": ("aspo_lit.testbed.build", "build (or find in the cache) the tiny CPU testbed model"),
+    "evaluate": ("aspo_lit.eval.evaluate", "avg@K / pass@K of a model on the math, code or multiple-choice benchmarks"),
+    "table1": ("aspo_lit.eval.evaluate", "evaluate the rows of conf/table1.yaml, render Table 1 beside the paper"),
+    "table2": ("aspo_lit.eval.evaluate", "evaluate the rows of conf/table2.yaml (LiveCodeBench), render Table 2 beside the paper"),
+    "table3": ("aspo_lit.eval.evaluate", "evaluate the rows of conf/table3.yaml (ARC-Challenge, GPQA-Diamond, MMLU-Pro), render Table 3 beside the paper"),
+    "figure2": ("aspo_lit.figures", "overlay the paper's Figure 2 panels for several runs"),
+    "study": ("experiments.study", "the CPU-scale study of the paper's training dynamics"),
 }
 _ENTRY = {"build-testbed": "main", "evaluate": "evaluate_main", "table1": "table1_main", "table2": "table2_main", "table3": "table3_main",
           "figure2": "main",

@@ -13,7 +13,7 @@ def resolve_model_path(name_or_path: str) -> str:
 
     A local folder is used as is; any other string is an HF hub id, loaded by transformers.
     """
-    from aspo_lit.testbed import PROFILES, build_testbed
+    from aspo_lit.testbed.build import PROFILES, build_testbed
 
     if name_or_path in PROFILES:
         return str(build_testbed(PROFILES[name_or_path]))

@@ -3,7 +3,7 @@
 The paper's code runs (§7, Appendix B) train on DeepCoder, CodeContests and CodeForces problems
 with the same recipe as math (16 samples at T = 1.0), graded by running the program on the
 problem's tests (``aspo_lit.rewards.CodeReward``: 1 iff every test passes). Prompts are
-LiveCodeBench's generic code-generation template (``aspo_lit.code_prompts``), with the LeetCode
+LiveCodeBench's generic code-generation template (``aspo_lit.prompts``), with the LeetCode
 starter code for functional problems.
 
 Rows come from a local JSONL/JSON/parquet file or folder, or an HF hub dataset id
@@ -32,10 +32,10 @@ import re
 import zlib
 from typing import Any, Mapping
 
-from aspo_lit.code_prompts import encode_code_prompt
+from aspo_lit.prompts import encode_code_prompt
 from aspo_lit.rewards.code import code_gold
 from data_modules.math import MathRLDataModule
-from data_modules.prompts import BadRowError, RowReport, collect_rows
+from data_modules.sources import BadRowError, RowReport, collect_rows
 
 
 DEFAULT_TRAIN = "../shared/data/code/train/deepcoder_lcb.jsonl"

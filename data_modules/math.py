@@ -19,7 +19,7 @@ from aspo_lit.advantages import group_advantages
 from aspo_lit.prompts import encode_prompt
 from aspo_lit.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_engine, pack_rollouts
 from aspo_lit.seeding import derived_seed
-from data_modules.prompts import PromptBatches, load_rows
+from data_modules.sources import PromptBatches, load_rows
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,15 @@
-"""The CPU testbeds' DataModules: seeded arithmetic problems instead of a math training file."""
+"""The CPU testbeds' DataModules: seeded generated problems (``aspo_lit.testbed``) instead of a
+training file: arithmetic and operation chains (math), one-line functions (code)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from data_modules.arithmetic import LEVELS, generate_problems
+from aspo_lit.testbed import tiny_code
+from aspo_lit.testbed.arithmetic import LEVELS, generate_problems
+from aspo_lit.testbed.multistep import generate_chain_problems
+from data_modules.code import CodeRLDataModule
 from data_modules.math import MathRLDataModule
-from data_modules.multistep import generate_chain_problems
 
 
 class ArithmeticRLDataModule(MathRLDataModule):
@@ -38,7 +41,7 @@ class ArithmeticRLDataModule(MathRLDataModule):
 
 
 class ChainRLDataModule(MathRLDataModule):
-    """`MathRLDataModule` over multi-step arithmetic chains (`data_modules.multistep`): the
+    """`MathRLDataModule` over multi-step arithmetic chains (`aspo_lit.testbed.multistep`): the
     ``testbed-long`` profile's task, 5-8 operations per problem, answers worded freely.
 
     Args:
@@ -66,3 +69,27 @@ class ChainRLDataModule(MathRLDataModule):
 
     def load_val_rows(self) -> list[dict[str, Any]] | None:
         return self._rows(self.hparams.num_val, "heldout") if self.hparams.num_val > 0 else None
+
+
+class TinyCodeRLDataModule(CodeRLDataModule):
+    """`CodeRLDataModule` over generated tiny code problems (train / held-out never overlap).
+
+    Args:
+        num_train: training problems (the train split, cycled with fresh tests).
+        num_val: held-out problems for the validation loop.
+        data_seed: the generator's seed.
+        **kwargs: every `CodeRLDataModule` argument (sandbox, batch_size, group_size, engine, ...).
+    """
+
+    def __init__(self, num_train: int = 512, num_val: int = 32, data_seed: int = 0, **kwargs: Any) -> None:
+        kwargs.setdefault("train_files", "tiny_code")
+        super().__init__(**kwargs)
+        self.hparams.update(num_train=num_train, num_val=num_val, data_seed=data_seed)
+
+    def load_train_rows(self) -> list[dict[str, Any]]:
+        return tiny_code.generate_problems(self.hparams.num_train, self.hparams.data_seed, "train")
+
+    def load_val_rows(self) -> list[dict[str, Any]] | None:
+        if self.hparams.num_val <= 0:
+            return None
+        return tiny_code.generate_problems(self.hparams.num_val, self.hparams.data_seed, "heldout")

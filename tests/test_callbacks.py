@@ -22,8 +22,8 @@ from aspo_lit.callbacks import (
     DiagnosticsProgressBar, EntropyMonitor, HealthMonitor, RepetitionDiagnostic, TokenWeightSurface,
     TrainingStats, assess_health, bin_token_weights, ngram_stats, weighted_mean,
 )
-from aspo_lit.callbacks.figures import main as figure2_cli
-from aspo_lit.callbacks.figures import plot_figure2, read_metrics
+from aspo_lit.figures import main as figure2_cli
+from aspo_lit.figures import plot_figure2, read_metrics
 from aspo_lit.callbacks.token_weights import Reservoir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "metrics_fixture.csv"

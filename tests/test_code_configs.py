@@ -49,7 +49,7 @@ def test_code_configs_compose_on_the_math_run(capsys, configs, loss, name, model
 def test_tiny_code_configs_compose(capsys):
     for loss in ("aspo", "grpo"):
         cfg = _effective(capsys, "conf/tiny/aspo.yaml", f"conf/tiny/code_{loss}.yaml")
-        assert cfg["data"]["class_path"] == "data_modules.tiny_code.TinyCodeRLDataModule"
+        assert cfg["data"]["class_path"] == "data_modules.testbed.TinyCodeRLDataModule"
         assert cfg["model"]["loss"] == loss and cfg["trainer"]["accelerator"] == "cpu"
         assert "levels" not in cfg["data"]["init_args"]        # the arithmetic module's keys are gone
 
@@ -57,7 +57,7 @@ def test_tiny_code_configs_compose(capsys):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (make setup)")
 def test_tiny_code_profile_trains_end_to_end(tmp_path):
-    from aspo_lit.code_testbed import build_code_testbed
+    from aspo_lit.testbed.code import build_code_testbed
 
     model = build_code_testbed()
     args = ["fit", "--config", str(REPO / "conf/tiny/aspo.yaml"), "--config", str(REPO / "conf/tiny/code_aspo.yaml"),

@@ -11,10 +11,10 @@ import zlib
 
 import pytest
 
-from aspo_lit.code_prompts import LCB_FORMAT_WITHOUT_STARTER_CODE, build_code_prompt, lcb_user_message
+from aspo_lit.prompts import LCB_FORMAT_WITHOUT_STARTER_CODE, build_code_prompt, lcb_user_message
 from aspo_lit.rewards.code import parse_gold
 from data_modules.code import CodeRLDataModule, load_code_rows, normalize_code_row
-from data_modules.prompts import BadRowError
+from data_modules.sources import BadRowError
 
 STDIN_ROW = {"id": "p1", "problem": "Print the sum of two integers.", "starter_code": "",
              "tests": [{"input": "1 2\n", "output": "3\n", "type": "stdin"}], "fn_name": None}

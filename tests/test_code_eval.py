@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from aspo_lit.benchmarks import BENCHMARKS, TABLE2_BENCHMARKS, load_benchmark
-from aspo_lit.evaluate import evaluate_model
-from aspo_lit.tables import LCB_PUBLIC_TESTS_NOTE, load_paper_table, render_table2
+from aspo_lit.eval.datasets import BENCHMARKS, TABLE2_BENCHMARKS, load_benchmark
+from aspo_lit.eval.evaluate import evaluate_model
+from aspo_lit.eval.tables import LCB_PUBLIC_TESTS_NOTE, load_paper_table, render_table2
 
 REPO = Path(__file__).resolve().parents[1]
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (make setup)")
@@ -93,7 +93,7 @@ def test_evaluate_code_benchmark(tmp_path, tiny_model_dir):
 
 
 def test_render_table2_beside_the_paper(tmp_path):
-    columns, paper = load_paper_table(REPO / "aspo_lit" / "data" / "table2.csv")
+    columns, paper = load_paper_table(REPO / "aspo_lit" / "eval" / "data" / "table2.csv")
     assert columns == ["lcb_v5_avg@8", "lcb_v5_pass@8", "lcb_v6_avg@16", "lcb_v6_pass@16", "avg"]
     assert paper[("DeepSeek-R1-Distill-Qwen-1.5B", "ASPO")]["avg"] == 31.0
     ours = {("Qwen3-4B", "base"): {"lcb_v5_avg@8": 20.0, "lcb_v5_pass@8": 30.0, "lcb_v6_avg@16": 22.0,
@@ -119,7 +119,7 @@ def test_table2_configs_parse():
         names = [b if isinstance(b, str) else b["name"] for b in config["benchmarks"]]
         assert {"lcb_v5", "lcb_v6"} <= set(names)
     full = yaml.safe_load((REPO / "conf/table2.yaml").read_text())
-    _, paper = load_paper_table(REPO / "aspo_lit" / "data" / "table2.csv")
+    _, paper = load_paper_table(REPO / "aspo_lit" / "eval" / "data" / "table2.csv")
     assert {(r["base_model"], r["method"]) for r in full["rows"]} == set(paper)
 
 
@@ -130,8 +130,8 @@ def test_tiny_profile_table2(tmp_path, shared_data_dir):
     always, the GRPO/ASPO rows when the tiny code runs exist, else reported missing."""
     import yaml
 
-    from aspo_lit.code_testbed import build_code_testbed
-    from aspo_lit.evaluate import run_table2
+    from aspo_lit.testbed.code import build_code_testbed
+    from aspo_lit.eval.evaluate import run_table2
 
     if not (shared_data_dir / "code" / "lcb_v5.jsonl").is_file():
         pytest.skip("LiveCodeBench files not staged")

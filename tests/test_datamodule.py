@@ -11,7 +11,7 @@ from lightning.pytorch import Callback, Trainer
 from aspo_lit.module import ASPOModule
 from aspo_lit.rollout.hf import HFEngine
 from data_modules.math import MathRLDataModule
-from data_modules.prompts import BadRowError, PromptBatches, load_rows
+from data_modules.sources import BadRowError, PromptBatches, load_rows
 from data_modules.testbed import ArithmeticRLDataModule
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from aspo_lit.benchmarks import BENCHMARKS, load_benchmark
-from aspo_lit.evaluate import evaluate_model, export_checkpoint, read_sample_records
+from aspo_lit.eval.datasets import BENCHMARKS, load_benchmark
+from aspo_lit.eval.evaluate import evaluate_model, export_checkpoint, read_sample_records
 from aspo_lit.prompts import INSTRUCTION, build_prompt
-from aspo_lit.tables import load_paper_table, render_table1
+from aspo_lit.eval.tables import load_paper_table, render_table1
 
 PAPER_COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272,
                 "olympiadbench": 675}
@@ -330,7 +330,7 @@ def test_table1_main_end_to_end(tmp_path, tiny_model_dir, monkeypatch):
     pytest.importorskip("aspo_lit.rollout.hf")
     import yaml
 
-    from aspo_lit.evaluate import table1_main
+    from aspo_lit.eval.evaluate import table1_main
 
     torch = pytest.importorskip("torch")
     ckpt = tmp_path / "runs" / "tiny_aspo" / "version_1" / "checkpoints" / "last.ckpt"
@@ -374,7 +374,7 @@ def test_table1_main_end_to_end(tmp_path, tiny_model_dir, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_vllm_engine_evaluation(tmp_path, tiny_model_dir, arith):
-    from aspo_lit.rollout.base import vllm_available
+    from aspo_lit.rollout.registry import vllm_available
 
     if not vllm_available():
         pytest.skip("vllm does not import here")
@@ -392,7 +392,7 @@ def test_tiny_profile_table1(tmp_path, shared_data_dir):
     GRPO/ASPO rows from the tiny runs when they exist, else reported missing."""
     import yaml
 
-    from aspo_lit.evaluate import run_table1
+    from aspo_lit.eval.evaluate import run_table1
 
     repo = Path(__file__).resolve().parents[1]
     config = yaml.safe_load((repo / "conf" / "tiny" / "table1.yaml").read_text())

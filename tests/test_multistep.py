@@ -1,4 +1,4 @@
-"""The paper-regime testbed's data (data_modules.multistep) and its profile plumbing."""
+"""The paper-regime testbed's data (aspo_lit.testbed.multistep) and its profile plumbing."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from data_modules.arithmetic import split_of
-from data_modules.multistep import generate_chain_problems
+from aspo_lit.testbed.arithmetic import split_of
+from aspo_lit.testbed.multistep import generate_chain_problems
 
 _FACT = re.compile(r"(\d+)\s*(\+|-|\*|/|plus|minus|times|and|less)\s*(\d+)\s*(=|is|makes|give)\s*(\d+)")
 _WORDED = re.compile(r"(?:(twice) (\d+)|(\d+) (doubled)) is (\d+)", re.I)
@@ -92,7 +92,7 @@ def test_profiles_and_config_validation():
 
 
 def test_model_name_resolves_profiles(monkeypatch, tmp_path):
-    import aspo_lit.testbed as T
+    import aspo_lit.testbed.build as T
     from aspo_lit.models import resolve_model_path
 
     built = []
@@ -117,7 +117,7 @@ def test_tiny_chain_build_stops_on_sampled_accuracy(tmp_path, monkeypatch):
     records the profile's task, length and entropy."""
     import json
 
-    import aspo_lit.testbed as T
+    import aspo_lit.testbed.build as T
 
     calls = []
     real = T._sample_accuracy
@@ -144,7 +144,7 @@ def test_tiny_chain_build_stops_on_sampled_accuracy(tmp_path, monkeypatch):
 
 def test_evaluation_treats_every_profile_as_a_local_testbed(monkeypatch, tmp_path):
     """`testbed-long` is built locally like `testbed`: no hub lookup, results tagged by fingerprint."""
-    import aspo_lit.evaluate as E
+    import aspo_lit.eval.evaluate as E
     import aspo_lit.models as M
 
     folder = tmp_path / "testbed-abc"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aspo_lit import study as S
+from experiments import study as S
 
 REPO = Path(__file__).resolve().parents[1]
 LOSSES = ["grpo", "grpo_no_is", "grpo_pos_mean", "aspo", "aspo_no_dual_clip"]

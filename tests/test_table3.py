@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from aspo_lit.benchmarks import BENCHMARKS, load_benchmark
-from aspo_lit.choice import (CHOICE_INSTRUCTION, LETTERS, ChoiceReward, build_choice_message,
+from aspo_lit.eval.datasets import BENCHMARKS, load_benchmark
+from aspo_lit.eval.choice import (CHOICE_INSTRUCTION, LETTERS, ChoiceReward, build_choice_message,
                              extract_choice, fixture_records, gpqa_permutation, normalize_record,
                              render_options, write_fixture)
-from aspo_lit.evaluate import evaluate_model
+from aspo_lit.eval.evaluate import evaluate_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def test_option_rendering():
 def test_prompt_goes_through_the_chat_template(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from aspo_lit.choice import encode_choice_prompt
+    from aspo_lit.eval.choice import encode_choice_prompt
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     row = {"problem": "what is 1+1?", "options": ["1", "2"], "answer": "B"}
@@ -228,7 +228,7 @@ def test_registry():
     assert {n: (BENCHMARKS[n].k, BENCHMARKS[n].domain) for n in UPSTREAM} == {
         "arc_challenge": (4, "choice"), "gpqa_diamond": (8, "choice"), "mmlu_pro": (4, "choice")}
     from aspo_lit.__main__ import _tool
-    from aspo_lit.evaluate import table3_main
+    from aspo_lit.eval.evaluate import table3_main
     assert _tool("table3") is table3_main
 
 
@@ -313,9 +313,9 @@ def test_killed_choice_evaluation_resumes(tmp_path, tiny_model_dir):
 # --- Table 3 beside the paper ------------------------------------------------------------------------
 
 def test_render_table3_against_the_paper(tmp_path):
-    from aspo_lit.tables import load_paper_table, render_table
+    from aspo_lit.eval.tables import load_paper_table, render_table
 
-    columns, paper = load_paper_table(REPO / "aspo_lit" / "data" / "table3.csv")
+    columns, paper = load_paper_table(REPO / "aspo_lit" / "eval" / "data" / "table3.csv")
     assert columns == ["arc_challenge", "gpqa_diamond", "mmlu_pro", "avg"]
     assert paper[("Qwen3-8B", "ASPO")] == {"arc_challenge": 88.6, "gpqa_diamond": 56.3,
                                            "mmlu_pro": 57.4, "avg": 59.8}
@@ -346,7 +346,7 @@ def test_render_table3_against_the_paper(tmp_path):
 def test_tiny_profile_fixtures_are_in_upstream_layout(tmp_path):
     import yaml
 
-    from aspo_lit.evaluate import prepare_benchmark_files
+    from aspo_lit.eval.evaluate import prepare_benchmark_files
 
     config = yaml.safe_load((REPO / "conf" / "tiny" / "table3.yaml").read_text())
     prepared = prepare_benchmark_files(config["benchmarks"], tmp_path)
@@ -368,7 +368,7 @@ def test_tiny_profile_table3(tmp_path):
     runs): base always; the tiny GRPO/ASPO rows when trained, else reported missing."""
     import yaml
 
-    from aspo_lit.evaluate import run_table3
+    from aspo_lit.eval.evaluate import run_table3
 
     config = yaml.safe_load((REPO / "conf" / "tiny" / "table3.yaml").read_text())
     markdown, rows = run_table3({**config, "out_dir": str(tmp_path)}, root=REPO)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from data_modules.arithmetic import generate_problems, read_jsonl, split_of, write_jsonl
+from aspo_lit.testbed.arithmetic import generate_problems, read_jsonl, split_of, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -119,11 +119,10 @@ def test_config_validation_and_hash(monkeypatch, tmp_path):
 
 
 def test_grading():
-    from aspo_lit.testbed import extract_boxed, is_correct
+    from aspo_lit.testbed import is_correct
 
-    assert extract_boxed("1+2=3\n\\boxed{3}") == "3"
-    assert extract_boxed("\\boxed{1} then \\boxed{ 12 }") == "12"
-    assert extract_boxed("no box") is None
+    assert is_correct("1+2=3\n\\boxed{3}", "3") and is_correct("\\boxed{1} then \\boxed{ 12 }", "12")
+    assert not is_correct("\\boxed{12} then \\boxed{1}", "12") and not is_correct("no box", "12")
     assert is_correct("x\\boxed{23}", "23") and is_correct("\\boxed{023}", "23")
     assert not is_correct("\\boxed{23}", "24") and not is_correct("\\boxed{2 3}", "23")
     assert not is_correct("23", "23")
@@ -169,7 +168,7 @@ def test_tiny_build_loads_with_auto_classes(tiny_testbed):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from aspo_lit.testbed import INSTRUCTION, build_prompt
+    from aspo_lit.prompts import INSTRUCTION, build_prompt, encode_prompt
 
     config, _, path, _ = tiny_testbed
     cfg = AutoConfig.from_pretrained(path)
@@ -186,13 +185,13 @@ def test_tiny_build_loads_with_auto_classes(tiny_testbed):
     digits = tok.encode("12+345=357", add_special_tokens=False)
     assert tok.convert_ids_to_tokens(digits)[:2] == ["1", "2"], "digits must be single tokens"
 
-    prompt = tok.apply_chat_template(build_prompt("What is 1+2?"), add_generation_prompt=True,
-                                     tokenize=False)
-    assert "What is 1+2?" + INSTRUCTION in prompt
+    prompt = build_prompt("What is 1+2?", tok, enable_thinking=None)
+    assert "What is 1+2? " + INSTRUCTION in prompt
     assert prompt.startswith(tok.bos_token) and prompt.endswith("<|assistant|>")
-    ids = tok.apply_chat_template(build_prompt("What is 1+2?"), add_generation_prompt=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 1+2? " + INSTRUCTION}],
+                                  add_generation_prompt=True)
     ids = ids["input_ids"] if not isinstance(ids, list) else ids
-    assert ids == tok.encode(prompt, add_special_tokens=False)
+    assert ids == encode_prompt("What is 1+2?", tok, enable_thinking=None) == tok.encode(prompt, add_special_tokens=False)
     assert ids[0] == tok.bos_token_id
 
     out = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=True, top_k=0)
@@ -210,7 +209,7 @@ def test_tiny_build_is_deterministic(tiny_testbed, tmp_path):
 
 
 def test_force_rebuild_and_cli(tiny_testbed, tmp_path, capsys):
-    from aspo_lit.testbed import main
+    from aspo_lit.testbed.build import main
 
     config, _, _, _ = tiny_testbed
     overrides = json.dumps(TINY)

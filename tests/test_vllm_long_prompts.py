@@ -69,7 +69,7 @@ def test_training_rollout_pattern_with_long_prompts(engine):
 
 
 def test_evaluate_with_long_prompts(long_model_dir, tmp_path):
-    from aspo_lit.evaluate import evaluate_model
+    from aspo_lit.eval.evaluate import evaluate_model
 
     bench = tmp_path / "long.jsonl"
     bench.write_text("".join(json.dumps(r) + "\n" for r in _long_problems(64, seed=1)))

@@ -49,7 +49,7 @@ class RunSummary(Callback):
         lines += [f"  {k:<16} {_first_last(_metric_series(metrics_csv, k))}" for k in val_keys]
         figures = log_dir / "figures"
         if metrics_csv.exists():
-            from aspo_lit.callbacks.figures import plot_figure2
+            from aspo_lit.figures import plot_figure2
 
             plot_figure2([str(log_dir)], str(figures / "figure2"), labels=[pl_module.hparams.loss_name])
         health = log_dir / "health.json"

@@ -1,7 +1,7 @@
 """Rewards: math-verify correctness and the DAPO overlong penalty (math), and the sandboxed
 execution reward (code, ``aspo_lit.rewards.code``)."""
 
-from aspo_lit.rewards.math_verify import (
+from aspo_lit.rewards.math import (
     GradingTimeout,
     MathVerifyReward,
     OverlongBuffer,

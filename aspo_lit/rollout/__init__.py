@@ -9,13 +9,12 @@ from .base import (
     Completion,
     RolloutEngine,
     SamplingConfig,
-    build_engine,
     named_tensors_of,
     normalize_param_name,
-    vllm_available,
 )
 from .batch import RolloutBatch, pack_rollouts, position_ids_from_mask
 from .hf import HFEngine
+from .registry import build_engine, vllm_available
 
 
 def __getattr__(name: str):

@@ -242,7 +242,7 @@ def _finish(verdict, checks, out_root, name, t0):
 
 
 def write_data(out_root: Path) -> None:
-    from data_modules.arithmetic import generate_problems
+    from aspo_lit.testbed.arithmetic import generate_problems
 
     path = REPO / "runs/rehearsal/data/arith_train.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)

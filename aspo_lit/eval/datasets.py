@@ -14,7 +14,7 @@ counts are the ones the paper's numbers imply) or, when none is given or found, 
 Hugging Face dataset. K per benchmark is the paper's (Appendix B): 64 for AIME24/25 and AMC23,
 8 for Minerva Math, 4 for MATH-500 and OlympiadBench.
 
-Table 3 (out of domain, multiple choice; ``aspo_lit.choice``): ARC-Challenge
+Table 3 (out of domain, multiple choice; ``aspo_lit.eval.choice``): ARC-Challenge
 (allenai/ai2_arc, config ARC-Challenge, test, 1,172 rows), GPQA-Diamond (Idavidrein/gpqa, config
 gpqa_diamond, train, 198 rows; gated: accept its terms on the hub, then `huggingface-cli login` or
 set HF_TOKEN) and MMLU-Pro (TIGER-Lab/MMLU-Pro, test, 12,032 rows). Their rows, from the hub or a
@@ -41,7 +41,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Benchmark:
     # our field ("problem", "answer", "id") -> the hub dataset's; local files use ours
     fields: dict = field(default_factory=dict)
     domain: str = "math"                # "math" (math-verify) | "code" (sandboxed tests) | "choice"
-    choice_format: str | None = None    # "choice": the upstream row format, aspo_lit.choice.FORMATS
+    choice_format: str | None = None    # "choice": the upstream row format, aspo_lit.eval.choice.FORMATS
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
@@ -132,7 +132,7 @@ def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
     benchmark's default file or such files); `<data_dir>/<default file>` (data_dir defaults to
     `default_data_dir()`); the benchmark's hub dataset. A row without a problem or answer, or
     with a non-string answer, in a local file raises ValueError naming the file and line
-    (`data_modules.prompts.load_rows`, shared with training).
+    (`data_modules.sources.load_rows`, shared with training).
     """
     bench = get_benchmark(name)
     if path is None:
@@ -142,7 +142,7 @@ def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
     if path is not None:
         return _load_local(bench, Path(path))
     if bench.domain == "choice":
-        from aspo_lit.choice import load_choice_hub
+        from aspo_lit.eval.choice import load_choice_hub
         return load_choice_hub(bench.hub_id, bench.hub_config, bench.split, bench.choice_format,
                                bench.fields)
     if bench.domain == "code":
@@ -158,7 +158,7 @@ def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
 def _load_local(bench: Benchmark, path: Path) -> list[dict]:
     """Rows of a local file, or of a folder's default file (else all its data files). Rows are
     validated by the training DataModule's loader, so errors name the file and line alike."""
-    from data_modules.prompts import load_rows
+    from data_modules.sources import load_rows
 
     if path.is_dir() and (path / bench.filename).is_file():
         path = path / bench.filename
@@ -173,7 +173,7 @@ def _load_local(bench: Benchmark, path: Path) -> list[dict]:
         return [{"id": r["id"], "problem": r["problem"], "answer": r["answer"],
                  "starter_code": r["starter_code"]} for r in rows]
     if bench.domain == "choice":   # the upstream layout, normalized as the hub rows are
-        from aspo_lit.choice import load_choice_local
+        from aspo_lit.eval.choice import load_choice_local
         return load_choice_local(path, bench.choice_format, bench.fields)
     rows, _ = load_rows(str(path), "problem", "answer", on_bad_row="error")
     _check_unique_ids(rows, str(path))

@@ -1,6 +1,6 @@
 """Rollout-engine throughput and weight-sync time on a tiny model.
 
-    python benchmarks/bench_rollout.py [--model DIR] [--engines hf,vllm] [--prompts 8 --n 8
+    python perf/bench_rollout.py [--model DIR] [--engines hf,vllm] [--prompts 8 --n 8
         --max-tokens 64] [--repeats 3] [--syncs 5] [--in-process] [--torch-threads N]
         [--out results.json]
 

@@ -3,12 +3,12 @@
 Same architecture, tokenizer recipe and supervised warm start as ``aspo_lit.testbed`` (a 2-layer
 llama, byte-level BPE with chat markers, SFT on response tokens stopped early at a target
 expected sampled accuracy), but the prompts are LiveCodeBench's template
-(``aspo_lit.code_prompts``) around the tiny problems of ``data_modules.tiny_code`` and the
+(``aspo_lit.prompts``) around the tiny problems of ``aspo_lit.testbed.tiny_code`` and the
 responses are fenced one-line Python functions. The result is an RL starting point for the code
 path (rollout → sandboxed execution reward → update) that runs in minutes on a CPU: groups hold
 both passing and failing programs.
 
-    python -m aspo_lit.code_testbed [--force] [--out .cache/aspo_lit/testbed-code]
+    python -m aspo_lit.testbed.code [--force] [--out .cache/aspo_lit/testbed-code]
 
 The folder (default ``<repo>/.cache/aspo_lit/testbed-code``, what ``conf/tiny/code_*.yaml``
 name) holds ``testbed.json`` with the config hash; a changed config rebuilds it.
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from aspo_lit.testbed import TestbedConfig
+from aspo_lit.testbed.build import TestbedConfig
 
 BUILDER_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = REPO_ROOT / ".cache" / "aspo_lit" / "testbed-code"
 
 
@@ -55,7 +55,7 @@ def config_hash(config: CodeTestbedConfig) -> str:
 
 
 def _prompt_ids(tokenizer, rows) -> list[list[int]]:
-    from aspo_lit.code_prompts import encode_code_prompt
+    from aspo_lit.prompts import encode_code_prompt
 
     return [encode_code_prompt(r["problem"], r["starter_code"], tokenizer, "chat") for r in rows]
 
@@ -106,7 +106,7 @@ def _sft(model, tokenizer, config, train_rows, dev_rows, log) -> dict:
     expected sampled accuracy on held-out problems reaches ``config.stop_accuracy``."""
     import torch
 
-    from aspo_lit.testbed import sft_loop
+    from aspo_lit.testbed.build import sft_loop
 
     pad = tokenizer.pad_token_id
     examples, dev = _examples(tokenizer, train_rows), _examples(tokenizer, dev_rows)
@@ -125,9 +125,9 @@ def _build_into(out: Path, config: CodeTestbedConfig, log) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from aspo_lit.code_prompts import build_code_prompt
-    from aspo_lit.testbed import deterministic, generation_config_for, model_config, train_tokenizer
-    from data_modules.tiny_code import generate_problems
+    from aspo_lit.prompts import build_code_prompt
+    from aspo_lit.testbed.build import deterministic, generation_config_for, model_config, train_tokenizer
+    from aspo_lit.testbed.tiny_code import generate_problems
 
     t0 = time.perf_counter()
     train = generate_problems(config.num_train_problems, config.seed, "train")
@@ -189,7 +189,7 @@ def build_code_testbed(config: CodeTestbedConfig | None = None, out: str | Path 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m aspo_lit.code_testbed", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m aspo_lit.testbed.code", description=__doc__.split("\n")[0])
     p.add_argument("--force", action="store_true", help="rebuild even if the folder is up to date")
     p.add_argument("--out", default=str(DEFAULT_DIR), help="the testbed folder")
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """Policy-loss cost: ms per call (forward + backward) at B=256, T=4096 on CPU, for every loss.
 
-    python benchmarks/bench_losses.py [--batch 256] [--length 4096] [--repeats 7]
+    python perf/bench_losses.py [--batch 256] [--length 4096] [--repeats 7]
 
 Prints one line per loss and the aspo/grpo ratio (issue 3: within 1.3x). The losses are timed
 round-robin and each reports its fastest call, so load from other processes on a shared machine

@@ -1,6 +1,6 @@
 """Seeded multi-step arithmetic with freely worded worked solutions: the paper-regime testbed's data.
 
-The short testbed (``data_modules.arithmetic``) writes one forced line per step, so its policy
+The short testbed (``aspo_lit.testbed.arithmetic``) writes one forced line per step, so its policy
 starts near-deterministic (0.09 nats per token) with ~21-token answers. The paper's mechanism acts
 on long, high-entropy responses: many tokens are stylistic choices, a few carry the reasoning
 (paper §3, Fig. 1). This generator gives the warm start that mix::
@@ -22,7 +22,7 @@ on long, high-entropy responses: many tokens are stylistic choices, a few carry 
   not the format.
 
 Splits are a pure function of the problem's canonical chain (``7+3*2+3*2...``), as in
-``data_modules.arithmetic``: the same arithmetic never appears in both splits.
+``aspo_lit.testbed.arithmetic``: the same arithmetic never appears in both splits.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import hashlib
 import random
 from typing import Sequence
 
-from data_modules.arithmetic import SPLITS, split_of
+from aspo_lit.testbed.arithmetic import SPLITS, split_of
 
 __all__ = ["make_chain_problem", "generate_chain_problems"]
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Sequence
 
 from aspo_lit.prompts import has_chat_template
-from aspo_lit.rewards.math_verify import extract_answer
+from aspo_lit.rewards.math import extract_answer
 
 LETTERS = "ABCDEFGHIJ"
 CHOICE_INSTRUCTION = ("Let's think step by step and output the final answer within \\boxed{}: "

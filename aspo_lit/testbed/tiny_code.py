@@ -21,7 +21,6 @@ import random
 from typing import Any, Callable
 
 from aspo_lit.rewards.code import code_gold
-from data_modules.code import CodeRLDataModule
 
 FUNCTION_NAMES = ("f", "g", "h", "solve", "calc")
 SPLITS = ("train", "heldout")
@@ -122,27 +121,3 @@ def write_jsonl(rows, path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "answer"}) + "\n" for r in rows))
-
-
-class TinyCodeRLDataModule(CodeRLDataModule):
-    """`CodeRLDataModule` over generated tiny code problems (train / held-out never overlap).
-
-    Args:
-        num_train: training problems (the train split, cycled with fresh tests).
-        num_val: held-out problems for the validation loop.
-        data_seed: the generator's seed.
-        **kwargs: every `CodeRLDataModule` argument (sandbox, batch_size, group_size, engine, ...).
-    """
-
-    def __init__(self, num_train: int = 512, num_val: int = 32, data_seed: int = 0, **kwargs: Any) -> None:
-        kwargs.setdefault("train_files", "tiny_code")
-        super().__init__(**kwargs)
-        self.hparams.update(num_train=num_train, num_val=num_val, data_seed=data_seed)
-
-    def load_train_rows(self) -> list[dict[str, Any]]:
-        return generate_problems(self.hparams.num_train, self.hparams.data_seed, "train")
-
-    def load_val_rows(self) -> list[dict[str, Any]] | None:
-        if self.hparams.num_val <= 0:
-            return None
-        return generate_problems(self.hparams.num_val, self.hparams.data_seed, "heldout")

@@ -4,8 +4,8 @@ Math benchmarks (Table 1) are graded by math-verify on the last ``\\boxed{}``; c
 (Table 2: LiveCodeBench v5/v6) get LiveCodeBench's prompt and are graded by running the last
 fenced Python block on the problem's tests in a sandbox (``aspo_lit.rewards.code.CodeReward``);
 multiple-choice benchmarks (Table 3: ARC-Challenge, GPQA-Diamond, MMLU-Pro) get the lettered-options
-prompt of ``aspo_lit.choice`` and are graded by exact match of the last boxed letter
-(``aspo_lit.choice.ChoiceReward``).
+prompt of ``aspo_lit.eval.choice`` and are graded by exact match of the last boxed letter
+(``aspo_lit.eval.choice.ChoiceReward``).
 
 Every sample is recorded as one JSONL line, flushed per problem, in
 `<out_dir>/<model_tag>/<benchmark>.samples.jsonl`:
@@ -35,7 +35,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from aspo_lit.benchmarks import Benchmark, get_benchmark, load_benchmark
+from aspo_lit.eval.datasets import Benchmark, get_benchmark, load_benchmark
 from aspo_lit.prompts import encode_prompt
 from aspo_lit.rewards import extract_answer
 
@@ -297,7 +297,7 @@ class _Session:
     @property
     def choice_reward(self):
         if self._choice_reward is None:
-            from aspo_lit.choice import ChoiceReward
+            from aspo_lit.eval.choice import ChoiceReward
             self._choice_reward = ChoiceReward()
         return self._choice_reward
 
@@ -309,7 +309,7 @@ class _Session:
     def meta_for(self, bench) -> dict:
         """What a benchmark's samples depend on besides sampling: code prompts add their format."""
         if bench.domain == "choice":
-            from aspo_lit.choice import GPQA_SHUFFLE_SEED, PROMPT_FORMAT
+            from aspo_lit.eval.choice import GPQA_SHUFFLE_SEED, PROMPT_FORMAT
             return {**self.meta, "prompt_format": PROMPT_FORMAT, "gpqa_shuffle_seed": GPQA_SHUFFLE_SEED}
         if bench.domain != "code":
             return self.meta
@@ -331,10 +331,10 @@ class _Session:
 
     def prompt_ids(self, row: dict, domain: str = "math") -> list[int]:
         if domain == "choice":
-            from aspo_lit.choice import encode_choice_prompt
+            from aspo_lit.eval.choice import encode_choice_prompt
             return encode_choice_prompt(row, self.tokenizer, self.template, self.enable_thinking)
         if domain == "code":
-            from aspo_lit.code_prompts import encode_code_prompt
+            from aspo_lit.prompts import encode_code_prompt
             return encode_code_prompt(row["problem"], row.get("starter_code"), self.tokenizer, self.template,
                                       self.enable_thinking, self.system_prompt)
         return encode_prompt(row["problem"], self.tokenizer, self.template, self.enable_thinking)
@@ -462,7 +462,7 @@ def _extracted(text: str, domain: str, think_end: str | None):
     """What was graded: the boxed answer (math), the letter (choice), or the sha1 of the
     extracted program (code)."""
     if domain == "choice":
-        from aspo_lit.choice import extract_choice
+        from aspo_lit.eval.choice import extract_choice
         return extract_choice(text, think_end)
     if domain == "code":
         from aspo_lit.rewards.code import extract_code
@@ -549,7 +549,7 @@ def evaluate_main(argv=None) -> int:
                    help="code benchmarks: programs graded in parallel (default: CPU count)")
     args = p.parse_args(argv)
     _setup_logging()
-    from aspo_lit.benchmarks import TABLE1_BENCHMARKS
+    from aspo_lit.eval.datasets import TABLE1_BENCHMARKS
     paths = dict(item.split("=", 1) for item in args.data_path)
     names = args.benchmarks or list(TABLE1_BENCHMARKS)
     benchmarks = [{"name": n, "path": paths.get(n)} for n in names]
@@ -611,13 +611,13 @@ def prepare_benchmark_files(benchmarks: list, out_dir: Path) -> list:
                 generate = dict(spec.pop("generate"))
                 kind = generate.pop("kind", "arithmetic")
                 if kind == "choice_fixture":
-                    from aspo_lit.choice import write_fixture
+                    from aspo_lit.eval.choice import write_fixture
                     write_fixture(generate.pop("format"), path, **generate)
                     generate = None
                 elif kind == "tiny_code":
-                    from data_modules.tiny_code import generate_problems, write_jsonl
+                    from aspo_lit.testbed.tiny_code import generate_problems, write_jsonl
                 else:
-                    from data_modules.arithmetic import generate_problems, write_jsonl
+                    from aspo_lit.testbed.arithmetic import generate_problems, write_jsonl
                 if generate is not None:
                     write_jsonl(generate_problems(**generate), path)
             spec.pop("generate", None)
@@ -644,14 +644,14 @@ def _row_model(model: str, root: Path) -> str | None:
 def run_table1(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
                root: Path | None = None):
     """Evaluate every row of a Table 1 config whose model is available and render the table.
-    Returns (markdown, rows) of `aspo_lit.tables.render_table1`."""
+    Returns (markdown, rows) of `aspo_lit.eval.tables.render_table1`."""
     return run_table(config, compare_paper, only, root, table="table1")
 
 
 def run_table2(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
                root: Path | None = None):
     """Evaluate every row of a Table 2 (code) config whose model is available and render the
-    table. Returns (markdown, rows) of `aspo_lit.tables.render_table2`."""
+    table. Returns (markdown, rows) of `aspo_lit.eval.tables.render_table2`."""
     return run_table(config, compare_paper, only, root, table="table2")
 
 
@@ -660,7 +660,7 @@ def run_table(config: dict, compare_paper: bool | None = None, only: list[str] |
     """Evaluate every row of a table config (`table: table1 | table2 | table3`, default table1) whose model
     is available and render the table beside the paper's. Code benchmarks are graded by
     `CodeReward(**config["code_reward"])`."""
-    from aspo_lit.tables import render_table
+    from aspo_lit.eval.tables import render_table
 
     table = table or config.get("table", "table1")
     root = Path(root or Path.cwd())
@@ -715,7 +715,7 @@ def table1_main(argv=None) -> int:
 def run_table3(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
                root: Path | None = None):
     """Evaluate every row of a Table 3 (out-of-domain multiple choice) config whose model is
-    available and render the table. Returns (markdown, rows) of `aspo_lit.tables.render_table`."""
+    available and render the table. Returns (markdown, rows) of `aspo_lit.eval.tables.render_table`."""
     return run_table(config, compare_paper, only, root, table="table3")
 
 

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from aspo_lit.callbacks.figures import PANELS, accuracy_key, ema_smooth, read_metrics
+from aspo_lit.figures import PANELS, accuracy_key, ema_smooth, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 

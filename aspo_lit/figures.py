@@ -1,6 +1,6 @@
 """Paper Fig. 2 from the CSV logs of several runs: accuracy, entropy, repetition, clip ratio, KL.
 
-    python -m aspo_lit.callbacks.figures runs/grpo runs/aspo --labels GRPO ASPO --out figure2
+    python -m aspo_lit.figures runs/grpo runs/aspo --labels GRPO ASPO --out figure2
 
 Each run is a folder holding a Lightning ``CSVLogger`` ``metrics.csv`` somewhere below it (the
 newest one is used) or the CSV file itself. The accuracy panel plots validation ``avg@K``

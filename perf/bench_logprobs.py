@@ -1,6 +1,6 @@
 """Log-prob + entropy from logits: peak extra memory and time, chunked vs naive (CPU, fp32).
 
-    python benchmarks/bench_logprobs.py [--tokens 8192] [--vocab 151936] [--chunk-size 1024]
+    python perf/bench_logprobs.py [--tokens 8192] [--vocab 151936] [--chunk-size 1024]
 
 Each variant runs in a fresh subprocess that first allocates the ``[1, tokens, vocab]`` fp32
 logits (8192 × 151,936 × 4 B ≈ 4.98 GB), then reads the peak resident set (``ru_maxrss``) before

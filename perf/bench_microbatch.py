@@ -1,6 +1,6 @@
 """Fixed-size vs token-budget micro-batches: padding fraction and update time (CPU, fp32).
 
-    python benchmarks/bench_microbatch.py [--rows 64] [--cap 2048] [--prompt 128] [--sigma 1.0] [--seed 0] [--repeats 2]
+    python perf/bench_microbatch.py [--rows 64] [--cap 2048] [--prompt 128] [--sigma 1.0] [--seed 0] [--repeats 2]
 
 One rollout batch laid out as training sees it: ``rows`` rows of ``[left-padded prompt | right-
 padded response]``, prompt width ``prompt`` (real prompt lengths uniform in [prompt/2, prompt]),

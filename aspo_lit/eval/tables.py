@@ -1,7 +1,7 @@
 """Tables 1 (math), 2 (code) and 3 (out of domain) of the paper, recomputed, beside the paper's own
 numbers.
 
-The paper's figures (aspo_lit/data/table1.csv, table2.csv, table3.csv, copied from the paper) fix the
+The paper's figures (aspo_lit/eval/data/table1.csv, table2.csv, table3.csv, copied from the paper) fix the
 layout: its columns in order, its rows in order. Each cell shows ours / paper / Δ (ours − paper).
 Rows of ours that the paper does not have are appended; paper rows we have no results for are
 listed as "missing" with the reason — never filled in.
@@ -17,7 +17,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from aspo_lit.benchmarks import BENCHMARKS, TABLE1_BENCHMARKS, TABLE2_BENCHMARKS, TABLE3_BENCHMARKS
+from aspo_lit.eval.datasets import BENCHMARKS, TABLE1_BENCHMARKS, TABLE2_BENCHMARKS, TABLE3_BENCHMARKS
 
 PAPER_TABLE1 = Path(__file__).with_name("data") / "table1.csv"
 PAPER_TABLE2 = Path(__file__).with_name("data") / "table2.csv"

@@ -17,8 +17,8 @@ own policy on first use:
    contain both correct and wrong answers (eq. 1 needs reward variance within a group).
 
 Two named profiles (:data:`PROFILES`): ``testbed``, the fast demo above (1–3 forced steps,
-``data_modules.arithmetic``), and ``testbed-long``, the paper's regime (4–7 steps whose wording is
-free, ``data_modules.multistep``; long answers with many free tokens, stopped on *sampled*
+``aspo_lit.testbed.arithmetic``), and ``testbed-long``, the paper's regime (4–7 steps whose wording is
+free, ``aspo_lit.testbed.multistep``; long answers with many free tokens, stopped on *sampled*
 accuracy; docs/testbed-long.md).
 
 The result is saved with ``save_pretrained`` into ``<cache_dir>/testbed-<confighash>/`` with a
@@ -44,8 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from aspo_lit.prompts import INSTRUCTION, encode_prompt, instruct
+from aspo_lit.rewards.math import extract_answer
+
 __all__ = [
-    "INSTRUCTION",
     "CHAT_TEMPLATE",
     "BUILDER_VERSION",
     "TestbedConfig",
@@ -54,15 +56,10 @@ __all__ = [
     "default_cache_dir",
     "testbed_dir",
     "build_testbed",
-    "build_prompt",
-    "extract_boxed",
     "is_correct",
     "held_out_accuracy",
     "main",
 ]
-
-#: Appended to every problem, as in the paper's prompt (Appendix, "Prompt template").
-INSTRUCTION = " Let's think step by step and output the final answer within \\boxed{}."
 
 #: Bump when the build procedure changes in a way that changes the artefact.
 BUILDER_VERSION = 2
@@ -90,8 +87,8 @@ class TestbedConfig:
     """Everything that determines the testbed artefact (its hash names the cache folder)."""
 
     seed: int = 0
-    # data: "arithmetic" (data_modules.arithmetic: 1-3 forced steps) or "chain"
-    # (data_modules.multistep: `ops` operations, freely worded solutions)
+    # data: "arithmetic" (aspo_lit.testbed.arithmetic: 1-3 forced steps) or "chain"
+    # (aspo_lit.testbed.multistep: `ops` operations, freely worded solutions)
     task: str = "arithmetic"
     levels: tuple[int, ...] = (1, 2, 3)
     num_train_problems: int = 20000
@@ -162,11 +159,11 @@ class TestbedConfig:
     def problems(self, n: int, split: str) -> list[dict]:
         """``n`` problems of ``split`` ("train" / "heldout") from this config's generator."""
         if self.task == "chain":
-            from data_modules.multistep import generate_chain_problems
+            from aspo_lit.testbed.multistep import generate_chain_problems
             return generate_chain_problems(n, self.seed, self.ops, split=split,
                                            comment_prob=self.comment_prob, check_prob=self.check_prob,
                                            max_value=self.max_value)
-        from data_modules.arithmetic import generate_problems
+        from aspo_lit.testbed.arithmetic import generate_problems
         return generate_problems(n, self.seed, self.levels, split=split, word_prob=self.word_prob)
 
 
@@ -195,7 +192,7 @@ def default_cache_dir() -> Path:
     env = os.environ.get("ASPO_LIT_CACHE")
     if env:
         return Path(env).expanduser()
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     if (repo / "pyproject.toml").is_file():
         return repo / ".cache" / "aspo_lit"
     return Path.home() / ".cache" / "aspo_lit"
@@ -207,26 +204,12 @@ def testbed_dir(config: TestbedConfig | None = None, cache_dir: str | os.PathLik
     return root / f"testbed-{config_hash(config)}"
 
 
-# ----------------------------------------------------------------------------- prompts, grading
-
-def build_prompt(problem: str) -> list[dict]:
-    """Chat messages for one problem (the paper's instruction appended)."""
-    return [{"role": "user", "content": problem + INSTRUCTION}]
-
-
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (no nested braces), or None."""
-    found = _BOXED.findall(text)
-    return found[-1].strip() if found else None
-
+# ----------------------------------------------------------------------------- grading
 
 def is_correct(text: str, answer: str) -> bool:
     """Exact integer match of the last ``\\boxed{}`` against the gold answer."""
-    got = extract_boxed(text)
-    if got is None or not re.fullmatch(r"[+-]?\d+", got):
+    got = extract_answer(text, think_end_token=None)
+    if got is None or not re.fullmatch(r"[+-]?\d+", got.strip()):
         return False
     return int(got) == int(answer)
 
@@ -260,9 +243,7 @@ def train_tokenizer(config: TestbedConfig, corpus: Sequence[str]):
 
 
 def _encode_prompts(tokenizer, problems: Sequence[str]) -> list[list[int]]:
-    texts = [tokenizer.apply_chat_template(build_prompt(p), add_generation_prompt=True,
-                                           tokenize=False) for p in problems]
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [encode_prompt(p, tokenizer, "chat", enable_thinking=None) for p in problems]
 
 
 # ----------------------------------------------------------------------------- model
@@ -375,7 +356,7 @@ def _sample_accuracy(model, tokenizer, problems: Sequence[dict], *, temperature:
         "mean_response_tokens": sum(lengths) / max(len(lengths), 1),
         "mean_token_entropy": entropy_sum / max(sum(lengths), 1),
         "max_response_tokens": max(lengths, default=0),
-        "boxed_rate": sum(extract_boxed(t) is not None for t in texts) / max(len(texts), 1),
+        "boxed_rate": sum(extract_answer(t, think_end_token=None) is not None for t in texts) / max(len(texts), 1),
         "samples": [{"problem": p["problem"], "answer": p["answer"], "response": t}
                     for p, t in list(zip(problems, texts))[:4]],
     }
@@ -558,7 +539,7 @@ def _build_into(out: Path, config: TestbedConfig, log) -> dict:
     final_rows, dev_rows = heldout[:config.heldout_problems], heldout[config.heldout_problems:]
 
     corpus_rows = train_rows[:config.tokenizer_train_problems]
-    corpus = [r["problem"] + INSTRUCTION for r in corpus_rows] + [r["solution"] for r in corpus_rows]
+    corpus = [instruct(r["problem"]) for r in corpus_rows] + [r["solution"] for r in corpus_rows]
     tokenizer = train_tokenizer(config, corpus)
 
     with deterministic(config.seed, config.num_threads):
@@ -593,7 +574,7 @@ def _build_into(out: Path, config: TestbedConfig, log) -> dict:
         "num_parameters": n_params,
         "vocab_size": len(tokenizer),
         "tie_word_embeddings": config.tie_word_embeddings,
-        "instruction": INSTRUCTION,
+        "instruction": " " + INSTRUCTION,
         "sft_steps": history["steps"],
         "sft_seconds": history["sft_seconds"],
         "sft_final_loss": history["losses"][-1] if history["losses"] else None,
@@ -646,7 +627,7 @@ def build_testbed(config: TestbedConfig | None = None, cache_dir: str | os.PathL
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m aspo_lit.testbed",
+        prog="python -m aspo_lit build-testbed",
         description="Build (if missing) the tiny arithmetic testbed policy and print where it is.",
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")

@@ -1,6 +1,6 @@
 """Code reward cost: sandboxed executions per second, and the sandbox's overhead per execution.
 
-    python benchmarks/bench_code_reward.py [--programs 64] [--repeats 30] [--sandbox bwrap]
+    python perf/bench_code_reward.py [--programs 64] [--repeats 30] [--sandbox bwrap]
 
 1. Throughput: ``CodeReward.batch`` on ``--programs`` distinct trivial accepted programs (one
    stdin test each; distinct so that none is deduplicated), ``num_workers`` = CPU count.

@@ -1,6 +1,6 @@
 """Rollout overhead of the DataModule over the raw engine, on the testbed model (ISSUE 4 benchmark).
 
-    python benchmarks/bench_datamodule.py [--engine hf|vllm] [--batches 5]
+    python perf/bench_datamodule.py [--engine hf|vllm] [--batches 5]
 
 Times `engine.generate` alone and `MathRLDataModule.rollout` (generate + grading + advantages +
 packing) on the same prompts and seeds, and reports the overhead, tokens/s and weight-sync time.

@@ -1,6 +1,6 @@
 """Response log-probs forward+backward: peak memory and time, HF logits path vs fused linear (CPU, fp32).
 
-    python benchmarks/bench_fused_logprobs.py [--tokens 4096 8192 16384] [--hidden 64] [--chunk-size 1024]
+    python perf/bench_fused_logprobs.py [--tokens 4096 8192 16384] [--hidden 64] [--chunk-size 1024]
 
 A real Qwen2 architecture built from a config (2 layers, hidden 64, the real 151,936-token vocab,
 random init, no network), batch 1, a 16-token prompt and T response tokens. "logits" is the old
