@@ -8,6 +8,12 @@ RUNS ?=
 CONFIGS ?=
 PROFILE ?= paper
 export PYTHONUNBUFFERED := 1
+comma := ,
+# the staged benchmark copies next to a checkout (docs/data.md); set ASPO_DATA_DIR yourself elsewhere
+ifneq ($(wildcard ../shared/data),)
+export ASPO_DATA_DIR ?= $(abspath ../shared/data)
+endif
+space := $(subst ,, )
 
 .PHONY: setup test test-all demo testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short bench clean help
 .PHONY: testbed-code tiny-code reproduce-table2 bench-code reproduce-table3
@@ -60,11 +66,11 @@ ifeq ($(PROFILE),tiny)
 	done
 	$(PY) -m aspo_lit table1 --config conf/tiny/table1.yaml
 else
-	$(PY) -m aspo_lit table1 --config conf/table1.yaml --compare-paper
+	$(PY) -m aspo_lit table1 --config conf/table1.yaml --compare_paper true
 endif
 
 figure2: $(STAMP)
-	$(PY) -m aspo_lit figure2 $(RUNS) --out runs/figure2
+	$(PY) -m aspo_lit figure2 "[$(subst $(space),$(comma) ,$(strip $(RUNS)))]" --out runs/figure2
 
 study-short: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/short.yaml
@@ -101,7 +107,7 @@ ifeq ($(PROFILE),tiny)
 	done
 	$(PY) -m aspo_lit table2 --config conf/tiny/table2.yaml
 else
-	$(PY) -m aspo_lit table2 --config conf/table2.yaml --compare-paper
+	$(PY) -m aspo_lit table2 --config conf/table2.yaml --compare_paper true
 endif
 
 bench-code: $(STAMP)
@@ -118,5 +124,5 @@ ifeq ($(PROFILE),tiny)
 	@$(PY) -m aspo_lit build-testbed
 	$(PY) -m aspo_lit table3 --config conf/tiny/table3.yaml
 else
-	$(PY) -m aspo_lit table3 --config conf/table3.yaml --compare-paper
+	$(PY) -m aspo_lit table3 --config conf/table3.yaml --compare_paper true
 endif

@@ -1,44 +1,81 @@
-"""`python -m aspo_lit`: LightningCLI (fit / validate / test / predict) plus the package's own tools.
+"""`python -m aspo_lit` (also the `aspo-lit` script): one front end for every command.
 
-    python -m aspo_lit fit --config conf/aspo.yaml
-    python -m aspo_lit build-testbed [--force]
-    python -m aspo_lit evaluate --model PATH --benchmarks aime24 math500 ...
-    python -m aspo_lit table1 --config conf/table1.yaml --compare-paper
+    python -m aspo_lit fit --config conf/aspo.yaml               # LightningCLI: fit / validate / test
+    python -m aspo_lit build-testbed --profile testbed-long
+    python -m aspo_lit evaluate --model PATH --benchmarks '[aime24, math500]'
+    python -m aspo_lit table1 --config conf/table1.yaml --compare_paper true
     python -m aspo_lit table2 --config conf/table2.yaml
     python -m aspo_lit table3 --config conf/table3.yaml
-    python -m aspo_lit figure2 RUN [RUN ...] --out figures/figure2
+    python -m aspo_lit figure2 '[runs/grpo, runs/aspo]' --out runs/figure2
     python -m aspo_lit study --config conf/study/default.yaml
+
+`fit` and its siblings are LightningCLI (``aspo_lit.cli.ASPOCLI``); every other command is a typed
+function turned into a parser by jsonargparse (the parser LightningCLI itself is built on), so
+`--config FILE` (YAML), `--print_config` and `--help` work the same everywhere. A command is named
+here by its import path and imported only when run: `study` lives in the `experiments` package,
+which the library itself never imports.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-TOOLS: dict[str, tuple[str, str]] = {
-    "build-testbed": ("aspo_lit.testbed.build", "build (or find in the cache) the tiny CPU testbed model"),
-    "evaluate": ("aspo_lit.eval.evaluate", "avg@K / pass@K of a model on the math, code or multiple-choice benchmarks"),
-    "table1": ("aspo_lit.eval.evaluate", "evaluate the rows of conf/table1.yaml, render Table 1 beside the paper"),
-    "table2": ("aspo_lit.eval.evaluate", "evaluate the rows of conf/table2.yaml (LiveCodeBench), render Table 2 beside the paper"),
-    "table3": ("aspo_lit.eval.evaluate", "evaluate the rows of conf/table3.yaml (ARC-Challenge, GPQA-Diamond, MMLU-Pro), render Table 3 beside the paper"),
-    "figure2": ("aspo_lit.figures", "overlay the paper's Figure 2 panels for several runs"),
-    "study": ("experiments.study", "the CPU-scale study of the paper's training dynamics"),
+
+@dataclass(frozen=True)
+class Tool:
+    target: str                    # "module:function"
+    help: str
+    config: str | None = None      # the YAML read when no --config is given (relative to the cwd)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    positional: bool = False       # required parameters as positional arguments
+
+
+TOOLS: dict[str, Tool] = {
+    "build-testbed": Tool("aspo_lit.testbed.build:build", "build (or find in the cache) a CPU testbed model"),
+    "evaluate": Tool("aspo_lit.eval.evaluate:evaluate",
+                     "avg@K / pass@K of a model on the math, code or multiple-choice benchmarks"),
+    "table1": Tool("aspo_lit.eval.evaluate:table", "evaluate conf/table1.yaml's rows, Table 1 beside the paper",
+                   "conf/table1.yaml", {"table": "table1"}),
+    "table2": Tool("aspo_lit.eval.evaluate:table", "evaluate conf/table2.yaml's rows (LiveCodeBench), Table 2 beside the paper",
+                   "conf/table2.yaml", {"table": "table2"}),
+    "table3": Tool("aspo_lit.eval.evaluate:table", "evaluate conf/table3.yaml's rows (ARC-Challenge, GPQA-Diamond, "
+                   "MMLU-Pro), Table 3 beside the paper", "conf/table3.yaml", {"table": "table3"}),
+    "figure2": Tool("aspo_lit.figures:figure2", "overlay the paper's Figure 2 panels for several runs", positional=True),
+    "study": Tool("experiments.study:study", "the pre-registered CPU-scale study of the paper's training dynamics"),
 }
-_ENTRY = {"build-testbed": "main", "evaluate": "evaluate_main", "table1": "table1_main", "table2": "table2_main", "table3": "table3_main",
-          "figure2": "main",
-          "study": "main"}
 
 
-def _tool(name: str) -> Callable[[list[str]], int | None]:
+def resolve(target: str):
+    """The function a "module:function" path names."""
     import importlib
 
-    module_name, _ = TOOLS[name]
-    return getattr(importlib.import_module(module_name), _ENTRY[name])
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def run_tool(name: str, argv: list[str]) -> int:
+    """Parse `argv` for the tool (its signature and docstring are the parser) and run it."""
+    from pathlib import Path
+
+    from jsonargparse import auto_cli
+
+    from aspo_lit.configs import resolve_config
+
+    tool = TOOLS[name]
+    given = any(a == "--config" or a.startswith("--config=") for a in argv)
+    default = resolve_config(tool.config) if tool.config and not given else None
+    defaults = [default] if default and Path(default).is_file() else []
+    result = auto_cli(resolve(tool.target), args=argv, as_positional=tool.positional,
+                      set_defaults=tool.defaults or None, prog=f"python -m aspo_lit {name}",
+                      default_config_files=defaults)
+    return int(result or 0)
 
 
 def _epilog() -> str:
     lines = ["aspo-lit tools (python -m aspo_lit TOOL --help):"]
-    lines += [f"  {name:<14} {help_}" for name, (_, help_) in TOOLS.items()]
+    lines += [f"  {name:<14} {tool.help}" for name, tool in TOOLS.items()]
     return "\n".join(lines)
 
 
@@ -49,13 +86,17 @@ def run_cli(args: list[str] | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
+    from aspo_lit.configs import resolve_config_args
+
+    words = resolve_config_args(list(sys.argv[1:] if argv is None else argv))
     if words and words[0] in TOOLS:
-        return int(_tool(words[0])(words[1:]) or 0)
+        return run_tool(words[0], words[1:])
     from aspo_lit.cli import ConfigError
 
+    if argv is None:
+        sys.argv[1:] = words  # LightningCLI warns when given args while sys.argv has words of its own
     try:
-        run_cli(argv)
+        run_cli(None if argv is None else words)
     except ConfigError as err:
         print(f"aspo-lit: config error: {err}", file=sys.stderr)
         return 2

@@ -38,7 +38,7 @@ from data_modules.math import MathRLDataModule
 from data_modules.sources import BadRowError, RowReport, collect_rows
 
 
-DEFAULT_TRAIN = "../shared/data/code/train/deepcoder_lcb.jsonl"
+DEFAULT_TRAIN = "agentica-org/DeepCoder-Preview-Dataset:lcbv5"  # the paper's code RL data (its LiveCodeBench part)
 _DEF = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 
 

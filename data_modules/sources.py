@@ -4,6 +4,8 @@ HF hub id, validated row by row; and a resumable, seeded iterable of prompt batc
 from __future__ import annotations
 
 import json
+import os
+import re
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +44,22 @@ def _check_row(row: Any, where: str, problem_key: str, answer_key: str) -> dict[
     return {"id": str(row.get("id", where)), "problem": problem, "answer": answer}
 
 
+def expand_source(source: str) -> str:
+    """`source` with ``~`` and environment variables expanded (``$ASPO_DATA_DIR/aime24.jsonl``);
+    an unset variable is an error that names it."""
+    expanded = os.path.expanduser(os.path.expandvars(source))
+    unset = re.findall(r"\$\{?(\w+)", expanded)
+    if unset:
+        raise FileNotFoundError(f"{source}: environment variable ${unset[0]} is not set (the folder "
+                                "with the staged JSONL files: see docs/data.md)")
+    return expanded
+
+
 def _raw_rows(source: str, split: str) -> Iterator[tuple[str, Any]]:
-    """(location, raw row) pairs; JSONL is read line by line so errors name the line."""
-    path = Path(source).expanduser()
+    """(location, raw row) pairs; JSONL is read line by line so errors name the line. A hub id
+    may name the dataset's config after a colon: ``agentica-org/DeepCoder-Preview-Dataset:lcbv5``."""
+    source = expand_source(source)
+    path = Path(source)
     if path.is_file() and path.suffix == ".jsonl":
         with path.open(encoding="utf-8") as handle:
             for lineno, line in enumerate(handle, start=1):
@@ -66,7 +81,8 @@ def _raw_rows(source: str, split: str) -> Iterator[tuple[str, Any]]:
     elif source.startswith((".", "/", "~")) or source.endswith((".jsonl", ".json", ".parquet")):
         raise FileNotFoundError(f"dataset file not found: {source}")
     else:
-        dataset = datasets.load_dataset(source, split=split)
+        repo, _, name = source.partition(":")
+        dataset = datasets.load_dataset(repo, name=name or None, split=split)
         label = f"{source}[{split}]"
     for index, row in enumerate(dataset):
         yield f"{label} row {index}", row

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from aspo_lit.__main__ import main
 
@@ -171,3 +172,51 @@ def test_base_named_earlier_is_not_reapplied(tmp_path):
         ["fit", "--config", aspo, "--config", str(mine), "--config", grpo]
     assert expand_base_configs(["fit", "--config", grpo]) == ["fit", "--config", str(REPO / "conf/aspo.yaml"),
                                                                "--config", grpo]
+
+
+# --- one front end for every command ----------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["build-testbed", "evaluate", "table1", "table2", "table3", "figure2", "study"])
+def test_every_tool_has_help_and_print_config(name, capsys):
+    """Each command is a jsonargparse parser: --help and --print_config behave as in `fit`."""
+    with pytest.raises(SystemExit) as exit_:
+        main([name, "--help"])
+    assert exit_.value.code == 0
+    assert "--config CONFIG" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("table", ["table1", "table2", "table3"])
+def test_table_tools_read_their_config(table, capsys):
+    """`tableN` reads conf/tableN.yaml by default; another --config replaces it (not merged)."""
+    with pytest.raises(SystemExit):
+        main([table, "--print_config"])
+    paper = yaml.safe_load(capsys.readouterr().out)
+    assert paper["table"] == table and paper["compare_paper"] is True
+    assert paper["rows"] == yaml.safe_load((REPO / "conf" / f"{table}.yaml").read_text())["rows"]
+    with pytest.raises(SystemExit):
+        main([table, "--config", str(REPO / "conf" / "tiny" / f"{table}.yaml"), "--print_config"])
+    tiny = yaml.safe_load(capsys.readouterr().out)
+    assert tiny["table"] == table and tiny["compare_paper"] is False
+    assert tiny["out_dir"] == f"runs/tiny/{table}" and tiny["rows"] != paper["rows"]
+
+
+def test_tool_errors_name_the_field(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["table1", "--template", "fancy", "--print_config"])
+    assert exit_.value.code == 2 and "template" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="profile: unknown testbed 'nope'"):
+        main(["build-testbed", "--profile", "nope"])
+
+
+def test_conf_paths_fall_back_to_the_packaged_copy(tmp_path, monkeypatch):
+    """Outside a checkout, `--config conf/...` names the configs shipped in the package."""
+    from aspo_lit.configs import resolve_config, resolve_config_args
+
+    monkeypatch.chdir(tmp_path)
+    packaged = Path(resolve_config("conf/tiny/aspo.yaml"))
+    assert packaged.is_file() and packaged.read_text() == (REPO / "conf" / "tiny" / "aspo.yaml").read_text()
+    assert resolve_config("conf/nope.yaml") == "conf/nope.yaml"
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "aspo.yaml").write_text("seed_everything: 1\n")
+    assert resolve_config_args(["fit", "--config", "conf/aspo.yaml", "--config=conf/grpo.yaml"]) == \
+        ["fit", "--config", "conf/aspo.yaml", f"--config={resolve_config('conf/grpo.yaml')}"]

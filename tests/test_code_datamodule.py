@@ -92,13 +92,24 @@ def test_hub_id_goes_through_datasets(monkeypatch):
 
     calls = []
 
-    def fake_load_dataset(name, split=None, **kwargs):
-        calls.append((name, split))
+    def fake_load_dataset(path, name=None, split=None, **kwargs):
+        calls.append((path, name, split))
         return [STDIN_ROW]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    rows, _ = load_code_rows("agentica-org/DeepCoder-Preview-Dataset", split="lcbv5")
-    assert calls == [("agentica-org/DeepCoder-Preview-Dataset", "lcbv5")] and rows[0]["id"] == "p1"
+    rows, _ = load_code_rows("agentica-org/DeepCoder-Preview-Dataset:lcbv5")   # the default train_files
+    assert calls == [("agentica-org/DeepCoder-Preview-Dataset", "lcbv5", "train")] and rows[0]["id"] == "p1"
+    assert CodeRLDataModule().hparams.train_files == "agentica-org/DeepCoder-Preview-Dataset:lcbv5"
+
+
+def test_sources_expand_environment_variables(monkeypatch, tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "p.jsonl").write_text(json.dumps(STDIN_ROW) + "\n")
+    monkeypatch.setenv("ASPO_DATA_DIR", str(tmp_path))
+    assert load_code_rows("$ASPO_DATA_DIR/code/p.jsonl")[0][0]["id"] == "p1"
+    monkeypatch.delenv("ASPO_DATA_DIR")
+    with pytest.raises(FileNotFoundError, match=r"\$ASPO_DATA_DIR is not set"):
+        load_code_rows("$ASPO_DATA_DIR/code/p.jsonl")
 
 
 def test_lcb_prompts():

@@ -49,7 +49,7 @@ def test_code_benchmarks_registered():
     assert TABLE2_BENCHMARKS == ("lcb_v5", "lcb_v6")
     assert (BENCHMARKS["lcb_v5"].k, BENCHMARKS["lcb_v6"].k) == (8, 16)          # paper, Appendix B
     assert all(BENCHMARKS[n].domain == "code" for n in TABLE2_BENCHMARKS)
-    with pytest.raises(FileNotFoundError, match="--data-path lcb_v5=FILE"):
+    with pytest.raises(FileNotFoundError, match="--data_paths"):
         load_benchmark("lcb_v5", data_dir="/nonexistent")
 
 

@@ -69,8 +69,8 @@ def test_hub_id_goes_through_datasets(monkeypatch):
 
     calls = []
 
-    def fake_load_dataset(name, split=None, **kwargs):
-        calls.append((name, split))
+    def fake_load_dataset(path, name=None, split=None, **kwargs):
+        calls.append((path, split))
         return [{"problem": "1+2?", "answer": "3"}]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)

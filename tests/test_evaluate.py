@@ -330,7 +330,7 @@ def test_table1_main_end_to_end(tmp_path, tiny_model_dir, monkeypatch):
     pytest.importorskip("aspo_lit.rollout.hf")
     import yaml
 
-    from aspo_lit.eval.evaluate import table1_main
+    from aspo_lit.__main__ import main
 
     torch = pytest.importorskip("torch")
     ckpt = tmp_path / "runs" / "tiny_aspo" / "version_1" / "checkpoints" / "last.ckpt"
@@ -354,7 +354,7 @@ def test_table1_main_end_to_end(tmp_path, tiny_model_dir, monkeypatch):
     }
     (tmp_path / "t1.yaml").write_text(yaml.safe_dump(config))
     monkeypatch.chdir(tmp_path)
-    assert table1_main(["--config", "t1.yaml"]) == 0
+    assert main(["table1", "--config", "t1.yaml"]) == 0
     with open(tmp_path / "out" / "table1.csv") as f:
         status = {(r["base_model"], r["method"]): r for r in csv.DictReader(f)}
     assert status[("tiny", "base")]["status"] == status[("tiny", "ASPO")]["status"] == "ok"

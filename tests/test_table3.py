@@ -227,9 +227,9 @@ def test_local_parquet_with_field_mapping(tmp_path):
 def test_registry():
     assert {n: (BENCHMARKS[n].k, BENCHMARKS[n].domain) for n in UPSTREAM} == {
         "arc_challenge": (4, "choice"), "gpqa_diamond": (8, "choice"), "mmlu_pro": (4, "choice")}
-    from aspo_lit.__main__ import _tool
-    from aspo_lit.eval.evaluate import table3_main
-    assert _tool("table3") is table3_main
+    from aspo_lit.__main__ import TOOLS, resolve
+    from aspo_lit.eval.evaluate import table
+    assert resolve(TOOLS["table3"].target) is table and TOOLS["table3"].defaults == {"table": "table3"}
 
 
 # --- resume after a kill ---------------------------------------------------------------------------

@@ -209,16 +209,16 @@ def test_tiny_build_is_deterministic(tiny_testbed, tmp_path):
 
 
 def test_force_rebuild_and_cli(tiny_testbed, tmp_path, capsys):
-    from aspo_lit.testbed.build import main
+    from aspo_lit.__main__ import main
 
     config, _, _, _ = tiny_testbed
     overrides = json.dumps(TINY)
-    assert main(["--cache-dir", str(tmp_path), "--config", overrides]) == 0
+    assert main(["build-testbed", "--cache_dir", str(tmp_path), "--overrides", overrides]) == 0
     out = capsys.readouterr().out
     path = Path(out.splitlines()[0])
     assert path.parent == tmp_path and (path / "testbed.json").is_file()
     mtime = (path / "testbed.json").stat().st_mtime_ns
-    assert main(["--cache-dir", str(tmp_path), "--config", overrides, "--force"]) == 0
+    assert main(["build-testbed", "--cache_dir", str(tmp_path), "--overrides", overrides, "--force", "true"]) == 0
     assert (path / "testbed.json").stat().st_mtime_ns != mtime
     assert json.loads(out[out.index("{"):])["config_hash"] in path.name
 

@@ -9,8 +9,8 @@ so scores are an upper bound on the official ones) or any file in LiveCodeBench'
 as ``path`` (``data_modules.code.load_code_rows``). LiveCodeBench's hub release needs a loading
 script and is not read here.
 
-Each benchmark loads from a local file (the normalized JSONL copies in ../shared/data, whose row
-counts are the ones the paper's numbers imply) or, when none is given or found, from its public
+Each benchmark loads from a local file (the normalized JSONL copies under $ASPO_DATA_DIR, docs/data.md,
+whose row counts are the ones the paper's numbers imply) or, when none is given or found, from its public
 Hugging Face dataset. K per benchmark is the paper's (Appendix B): 64 for AIME24/25 and AMC23,
 8 for Minerva Math, 4 for MATH-500 and OlympiadBench.
 
@@ -31,7 +31,7 @@ release, which has none):
 - math500: HuggingFaceH4/MATH-500 (test, 500 rows)
 - minerva: math-ai/minervamath (test, 272 rows; fields question/answer). The local file is
   preferred: its answer is the last \\boxed{} of the official solution (see
-  ../shared/data/README.md on the DeepScaleR copy's wrong sub-problem answers).
+  docs/data.md on the DeepScaleR copy's wrong sub-problem answers).
 - olympiadbench: Hothan/OlympiadBench, config OE_TO_maths_en_COMP (train, 675 rows; fields
   question/final_answer, a one-element list whose `$` are removed here).
 """
@@ -41,7 +41,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -116,12 +115,9 @@ def get_benchmark(spec) -> Benchmark:
 
 
 def default_data_dir() -> Path | None:
-    """$ASPO_DATA_DIR, else the staged copies in <repo>/../shared/data when present."""
+    """$ASPO_DATA_DIR (the folder of staged ``<name>.jsonl`` copies, docs/data.md), else None: the hub."""
     env = os.environ.get("ASPO_DATA_DIR")
-    if env:
-        return Path(env)
-    shared = REPO_ROOT.parent / "shared" / "data"
-    return shared if shared.is_dir() else None
+    return Path(env) if env else None
 
 
 def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
@@ -148,7 +144,7 @@ def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
     if bench.domain == "code":
         raise FileNotFoundError(f"benchmark {bench.name!r}: no local file {bench.filename} in {data_dir}; "
                                 "give its path (a normalized JSONL or LiveCodeBench's own layout), e.g. "
-                                f"--data-path {bench.name}=FILE or $ASPO_DATA_DIR")
+                                f"--data_paths '{{{bench.name}: FILE}}' or $ASPO_DATA_DIR")
     if bench.hub_id is None:
         raise FileNotFoundError(f"benchmark {bench.name!r}: no local file {bench.filename} in "
                                 f"{data_dir} and no hub dataset id")
@@ -199,7 +195,7 @@ def _load_hub(bench: Benchmark) -> list[dict]:
 
 def _hub_answer(answer):
     """Hub copies store answers as numbers (amc23: 27.0) or one-element lists with `$`
-    (OlympiadBench); normalize them the way ../shared/data did."""
+    (OlympiadBench); normalize them the way the staged copies are (docs/data.md)."""
     if isinstance(answer, list) and answer:
         answer = ",".join(str(a).replace("$", "").strip() for a in answer)
     if isinstance(answer, float) and answer.is_integer():

@@ -23,7 +23,6 @@ The model is an HF hub id, a local folder, "testbed", or a Lightning checkpoint 
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import functools
 import hashlib
@@ -34,6 +33,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
+from typing import Any, Literal
 
 from aspo_lit.eval.datasets import Benchmark, get_benchmark, load_benchmark
 from aspo_lit.prompts import encode_prompt
@@ -516,53 +516,49 @@ def write_model_results(out: Path, results: dict[str, dict]) -> None:
     (out / "results.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-# --- CLI ---------------------------------------------------------------------------------------
+# --- CLI: `python -m aspo_lit evaluate | table1 | table2 | table3` (aspo_lit/__main__.py) -------
 
-def evaluate_main(argv=None) -> int:
-    """`python -m aspo_lit evaluate --model M --benchmarks aime24 math500 --out runs/eval`."""
-    p = argparse.ArgumentParser(prog="aspo_lit evaluate", description=evaluate_main.__doc__)
-    p.add_argument("--model", required=True,
-                   help="HF hub id, local HF folder, 'testbed' / 'testbed-long', or an ASPOModule .ckpt")
-    p.add_argument("--benchmarks", nargs="+", default=None,
-                   help="benchmark names (default: the six of Table 1; Table 2: lcb_v5 lcb_v6; "
-                        "Table 3: arc_challenge gpqa_diamond mmlu_pro)")
-    p.add_argument("--data-path", action="append", default=[], metavar="NAME=PATH",
-                   help="local file/folder for one benchmark (repeatable)")
-    p.add_argument("--data-dir", default=None,
-                   help="folder with <name>.jsonl files (default: $ASPO_DATA_DIR or "
-                        "../shared/data; else the hub)")
-    p.add_argument("--out", default="runs/eval")
-    p.add_argument("--tag", default=None, help="results folder name (default: from the model)")
-    p.add_argument("--k", type=int, default=None, help="samples per problem (default: paper K)")
-    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
-    p.add_argument("--temperature", type=float, default=SAMPLING_DEFAULTS["temperature"])
-    p.add_argument("--top-p", type=float, default=SAMPLING_DEFAULTS["top_p"])
-    p.add_argument("--max-tokens", type=int, default=SAMPLING_DEFAULTS["max_tokens"])
-    p.add_argument("--seed", type=int, default=SAMPLING_DEFAULTS["seed"])
-    p.add_argument("--engine", default="auto")
-    p.add_argument("--template", default="chat", choices=["chat", "plain"])
-    p.add_argument("--sandbox", default="bwrap", choices=["bwrap", "rlimit"],
-                   help="code benchmarks: bubblewrap sandbox (default) or rlimit-only isolation (opt-in)")
-    p.add_argument("--reward-timeout", type=float, default=6.0,
-                   help="code benchmarks: seconds per test (LiveCodeBench: 6)")
-    p.add_argument("--reward-workers", type=int, default=None,
-                   help="code benchmarks: programs graded in parallel (default: CPU count)")
-    args = p.parse_args(argv)
+def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[str, str] | None = None,
+             data_dir: str | None = None, out: str = "runs/eval", tag: str | None = None,
+             k: int | None = None, limit: int | None = None,
+             temperature: float = SAMPLING_DEFAULTS["temperature"], top_p: float = SAMPLING_DEFAULTS["top_p"],
+             max_tokens: int = SAMPLING_DEFAULTS["max_tokens"], seed: int = SAMPLING_DEFAULTS["seed"],
+             engine: str = "auto", template: Literal["chat", "plain"] = "chat",
+             sandbox: Literal["bwrap", "rlimit"] = "bwrap", reward_timeout: float = 6.0,
+             reward_workers: int | None = None) -> int:
+    """avg@K / pass@K of one model on the math, code or multiple-choice benchmarks.
+
+    Args:
+        model: HF hub id, local HF folder, 'testbed' / 'testbed-long', or an ASPOModule .ckpt.
+        benchmarks: benchmark names (default: the six of Table 1; Table 2: lcb_v5, lcb_v6;
+            Table 3: arc_challenge, gpqa_diamond, mmlu_pro).
+        data_paths: a local file or folder per benchmark, e.g. {lcb_v5: data/code/lcb_v5.jsonl}.
+        data_dir: folder with <name>.jsonl files (default: $ASPO_DATA_DIR; else the hub).
+        out: output folder.
+        tag: results folder name (default: from the model).
+        k: samples per problem (default: the paper's K).
+        limit: the first N problems of each benchmark.
+        temperature: sampling temperature (the paper: 0.8).
+        top_p: nucleus sampling.
+        max_tokens: new tokens per sample.
+        seed: sampling seed.
+        engine: 'auto', 'hf' or 'vllm' (aspo_lit.rollout.build_engine).
+        template: the model's chat template ('chat') or the bare message ('plain').
+        sandbox: code benchmarks: bubblewrap (default) or rlimit-only isolation (opt-in).
+        reward_timeout: code benchmarks: seconds per test (LiveCodeBench: 6).
+        reward_workers: code benchmarks: programs graded in parallel (default: CPU count).
+    """
     _setup_logging()
     from aspo_lit.eval.datasets import TABLE1_BENCHMARKS
-    paths = dict(item.split("=", 1) for item in args.data_path)
-    names = args.benchmarks or list(TABLE1_BENCHMARKS)
-    benchmarks = [{"name": n, "path": paths.get(n)} for n in names]
-    evaluate_model(args.model, benchmarks, args.out, k=args.k,
-                             temperature=args.temperature, top_p=args.top_p,
-                             max_tokens=args.max_tokens, engine=args.engine, limit=args.limit,
-                             seed=args.seed, tag=args.tag, data_dir=args.data_dir,
-                             template=args.template,
-                             code_reward={"sandbox": args.sandbox, "timeout_s": args.reward_timeout,
-                                          "num_workers": args.reward_workers})
-    out = Path(args.out) / (args.tag or model_tag(args.model))
-    print((out / "results.md").read_text())
-    print(f"per-sample records and results in {out}")
+    paths = data_paths or {}
+    names = benchmarks or list(TABLE1_BENCHMARKS)
+    evaluate_model(model, [{"name": n, "path": paths.get(n)} for n in names], out, k=k,
+                   temperature=temperature, top_p=top_p, max_tokens=max_tokens, engine=engine,
+                   limit=limit, seed=seed, tag=tag, data_dir=data_dir, template=template,
+                   code_reward={"sandbox": sandbox, "timeout_s": reward_timeout, "num_workers": reward_workers})
+    folder = Path(out) / (tag or model_tag(model))
+    print((folder / "results.md").read_text())
+    print(f"per-sample records and results in {folder}")
     return 0
 
 
@@ -706,12 +702,6 @@ def run_table(config: dict, compare_paper: bool | None = None, only: list[str] |
                         note=config.get("note"))
 
 
-def table1_main(argv=None) -> int:
-    """`python -m aspo_lit table1 --config conf/table1.yaml [--compare-paper]`: evaluate the
-    config's rows (missing models are reported, not fabricated) and print Table 1."""
-    return _table_main(argv, "table1", table1_main.__doc__)
-
-
 def run_table3(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
                root: Path | None = None):
     """Evaluate every row of a Table 3 (out-of-domain multiple choice) config whose model is
@@ -719,44 +709,45 @@ def run_table3(config: dict, compare_paper: bool | None = None, only: list[str] 
     return run_table(config, compare_paper, only, root, table="table3")
 
 
-def table3_main(argv=None) -> int:
-    """`python -m aspo_lit table3 --config conf/table3.yaml [--compare-paper]`: evaluate the
-    config's rows on ARC-Challenge, GPQA-Diamond and MMLU-Pro (lettered options, last boxed
-    letter; missing models are reported, not fabricated) and print Table 3 beside the paper."""
-    return _table_main(argv, "table3", table3_main.__doc__)
+def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
+          table: Literal["table1", "table2", "table3"] = "table1", out_dir: str | None = None,
+          compare_paper: bool = False, engine: str = "auto", engine_kwargs: dict[str, Any] | None = None,
+          data_dir: str | None = None, k: int | None = None, limit: int | None = None,
+          template: Literal["chat", "plain"] = "chat", enable_thinking: bool = False,
+          sampling: dict[str, Any] | None = None, samples_per_call: int = 1024,
+          code_reward: dict[str, Any] | None = None, system_prompt: str | None = None,
+          note: str | None = None, only: list[str] | None = None) -> int:
+    """Evaluate a table config's rows (missing models are reported, not fabricated) and print the
+    table beside the paper's: Table 1 (math), Table 2 (LiveCodeBench, in the code sandbox) or
+    Table 3 (ARC-Challenge, GPQA-Diamond, MMLU-Pro: lettered options, last boxed letter).
 
-
-def table2_main(argv=None) -> int:
-    """`python -m aspo_lit table2 --config conf/table2.yaml [--compare-paper]`: evaluate the
-    config's rows on LiveCodeBench v5/v6 in the code sandbox (missing models are reported, not
-    fabricated) and print Table 2 beside the paper."""
-    return _table_main(argv, "table2", table2_main.__doc__)
-
-
-def _table_main(argv, table: str, description: str) -> int:
-    import yaml
-
-    p = argparse.ArgumentParser(prog=f"aspo_lit {table}", description=description)
-    p.add_argument("--config", default=f"conf/{table}.yaml")
-    p.add_argument("--compare-paper", action=argparse.BooleanOptionalAction, default=None,
-                   help="show the paper's value and the delta in every cell "
-                        "(default: the config's compare_paper)")
-    p.add_argument("--out", default=None, help="output folder (default: the config's out_dir)")
-    p.add_argument("--only", nargs="+", default=None,
-                   help="evaluate only rows whose 'base_model/method' contains one of these")
-    p.add_argument("--limit", type=int, default=None, help="first N problems per benchmark")
-    p.add_argument("--engine", default=None, help="override the config's engine")
-    args = p.parse_args(argv)
+    Args:
+        rows: {base_model, method, model, produced_by?, tag?, sampling?, engine_kwargs?, template?,
+            enable_thinking?} per row; base_model / method name the paper's row to compare with.
+        benchmarks: benchmark names, or {name, k?, path?, generate?} (see prepare_benchmark_files).
+        table: which of the paper's tables the rows fill.
+        out_dir: output folder (default: runs/<table>).
+        compare_paper: show the paper's value and the delta in every cell.
+        engine: 'auto', 'hf' or 'vllm' (aspo_lit.rollout.build_engine).
+        engine_kwargs: to the engine class, e.g. vLLM {gpu_memory_utilization: 0.85}.
+        data_dir: folder with <name>.jsonl files (default: $ASPO_DATA_DIR; else the hub).
+        k: samples per problem (null: the paper's K per benchmark).
+        limit: the first N problems of each benchmark (null: all).
+        template: the model's chat template ('chat') or the bare message ('plain').
+        enable_thinking: passed to the chat template (the paper: Qwen3's non-thinking mode).
+        sampling: {temperature, top_p, max_tokens, seed} (default: the paper's protocol).
+        samples_per_call: samples per engine call (a preemption loses at most one call).
+        code_reward: CodeReward arguments for code benchmarks (sandbox, timeout_s, num_workers).
+        system_prompt: a system turn before every prompt (code: LiveCodeBench's).
+        note: a line printed under the table.
+        only: evaluate only rows whose 'base_model/method' contains one of these.
+    """
     _setup_logging()
-    with open(args.config, encoding="utf-8") as f:
-        config = yaml.safe_load(f)
-    for key, value in (("out_dir", args.out), ("limit", args.limit), ("engine", args.engine)):
-        if value is not None:
-            config[key] = value
-    table = config.get("table", table)
-    markdown, _ = run_table(config, compare_paper=args.compare_paper, only=args.only, table=table)
+    config = {key: value for key, value in locals().items() if key not in ("only", "table")}
+    config["out_dir"] = out_dir or f"runs/{table}"
+    markdown, _ = run_table(config, compare_paper=compare_paper, only=only, table=table)
     print(markdown)
-    out_dir = Path(config.get("out_dir", f"runs/{table}"))
-    print(f"written: {out_dir / f'{table}.md'}, {out_dir / f'{table}.csv'}; per-model results under "
-          f"{out_dir / 'models'}")
+    folder = Path(config["out_dir"])
+    print(f"written: {folder / f'{table}.md'}, {folder / f'{table}.csv'}; per-model results under "
+          f"{folder / 'models'}")
     return 0

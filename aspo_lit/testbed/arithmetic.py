@@ -1,6 +1,6 @@
 """Seeded arithmetic problems: the CPU testbed's stand-in for a math training set.
 
-Records have the same shape as the staged math benchmarks (``../shared/data``)::
+Records have the same shape as the staged math benchmarks (docs/data.md)::
 
     {"id": "arith-L2-3f9c0a1b2d", "problem": "What is 3+4*5?", "answer": "23",
      "level": 2, "solution": "4*5=20\\n20+3=23\\n\\boxed{23}"}

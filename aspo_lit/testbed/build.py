@@ -28,7 +28,6 @@ config (or :data:`BUILDER_VERSION`) changes. ``python -m aspo_lit build-testbed 
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import hashlib
@@ -42,7 +41,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from aspo_lit.prompts import INSTRUCTION, encode_prompt, instruct
 from aspo_lit.rewards.math import extract_answer
@@ -58,7 +57,7 @@ __all__ = [
     "build_testbed",
     "is_correct",
     "held_out_accuracy",
-    "main",
+    "build",
 ]
 
 #: Bump when the build procedure changes in a way that changes the artefact.
@@ -625,40 +624,27 @@ def build_testbed(config: TestbedConfig | None = None, cache_dir: str | os.PathL
 
 # ----------------------------------------------------------------------------- CLI
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m aspo_lit build-testbed",
-        description="Build (if missing) the tiny arithmetic testbed policy and print where it is.",
-    )
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
-    parser.add_argument("--cache-dir", default=None,
-                        help="cache root (default: $ASPO_LIT_CACHE or <repo>/.cache/aspo_lit)")
-    parser.add_argument("--profile", default="testbed", choices=sorted(PROFILES),
-                        help="the named testbed to start from (default: testbed, the fast demo)")
-    parser.add_argument("--seed", type=int, default=None, help="override TestbedConfig.seed")
-    parser.add_argument("--config", default=None,
-                        help="TestbedConfig overrides: a JSON object or a path to a JSON file")
-    parser.add_argument("--quiet", action="store_true", help="no build progress on stderr")
-    args = parser.parse_args(argv)
-    overrides: dict = {}
-    if args.config:
-        text = args.config
-        if not text.lstrip().startswith("{"):
-            text = Path(text).read_text()
-        overrides = json.loads(text)
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    try:
-        config = dataclasses.replace(PROFILES[args.profile], **overrides)
-    except (TypeError, ValueError) as err:
-        parser.error(str(err))
-    path = build_testbed(config, cache_dir=args.cache_dir, force=args.force, verbose=not args.quiet)
+def build(profile: str = "testbed", overrides: dict[str, Any] | None = None, seed: int | None = None,
+          cache_dir: str | None = None, force: bool = False, quiet: bool = False) -> int:
+    """Build (if missing) a CPU testbed policy and print where it is.
+
+    Args:
+        profile: the named testbed to start from (PROFILES: testbed, the fast demo; testbed-long).
+        overrides: TestbedConfig fields to change, e.g. {sft_max_steps: 400}.
+        seed: TestbedConfig.seed.
+        cache_dir: cache root (default: $ASPO_LIT_CACHE or <repo>/.cache/aspo_lit).
+        force: rebuild even if cached.
+        quiet: no build progress on stderr.
+    """
+    if profile not in PROFILES:
+        raise ValueError(f"profile: unknown testbed {profile!r}; expected one of {sorted(PROFILES)}")
+    overrides = dict(overrides or {})
+    if seed is not None:
+        overrides["seed"] = seed
+    config = dataclasses.replace(PROFILES[profile], **overrides)
+    path = build_testbed(config, cache_dir=cache_dir, force=force, verbose=not quiet)
     meta = json.loads((path / "testbed.json").read_text())
     print(path)
     print(json.dumps({k: meta[k] for k in ("config_hash", "built_at", "build_seconds",
                                            "num_parameters", "sft_steps", "heldout")}, indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Where the shipped configs are: `conf/` of a checkout, or its copy inside the installed package.
+
+`python -m aspo_lit fit --config conf/aspo.yaml` names a path relative to the working directory. In
+a checkout that is the repository's `conf/`; after `pip install aspo-lit` (non-editable) there is no
+such folder, and a missing `conf/...` path falls back to the same file shipped in the package
+(`aspo_lit/conf`, package data built from the repository's `conf/`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGED_CONF = Path(__file__).resolve().parent / "conf"
+
+
+def resolve_config(value: str) -> str:
+    """`value` when it is a file; else, for a `conf/...` path, the packaged copy when it exists;
+    else `value` unchanged (the caller reports it as missing)."""
+    path = Path(value)
+    if path.is_file() or path.is_absolute() or not path.parts or path.parts[0] != "conf":
+        return value
+    packaged = PACKAGED_CONF.joinpath(*path.parts[1:])
+    return str(packaged) if packaged.is_file() else value
+
+
+def resolve_config_args(argv: list[str]) -> list[str]:
+    """`argv` with every `--config FILE` value passed through `resolve_config`."""
+    out, after_flag = [], False
+    for word in argv:
+        if after_flag:
+            word, after_flag = resolve_config(word), False
+        elif word == "--config":
+            after_flag = True
+        elif word.startswith("--config="):
+            word = "--config=" + resolve_config(word.split("=", 1)[1])
+        out.append(word)
+    return out
