@@ -91,7 +91,7 @@ clean:
 # The tiny code testbed (.cache/aspo_lit/testbed-code, ~1 min) and ASPO on the tiny code task
 # through the sandboxed execution reward (bubblewrap; `make setup` installs it).
 testbed-code: $(STAMP)
-	$(PY) -m aspo_lit.testbed.code
+	$(PY) -m aspo_lit build-testbed --profile testbed-code
 
 tiny-code: testbed-code
 	$(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml --config conf/tiny/code_aspo.yaml
@@ -101,7 +101,7 @@ tiny-code: testbed-code
 # GRPO/ASPO code runs first unless their last.ckpt exists.
 reproduce-table2: $(STAMP)
 ifeq ($(PROFILE),tiny)
-	@$(PY) -m aspo_lit.testbed.code
+	@$(PY) -m aspo_lit build-testbed --profile testbed-code --quiet true
 	@for loss in grpo aspo; do \
 	  [ -f runs/tiny_code_$$loss/checkpoints/last.ckpt ] || $(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml --config conf/tiny/code_$$loss.yaml || exit 1; \
 	done

@@ -58,7 +58,6 @@ def export_checkpoint(ckpt_path, out_dir, torch_dtype: str | None = None) -> Pat
     trained weights are put into it (all of them: a missing or unexpected key is an error), and
     model + tokenizer are saved with `save_pretrained`. Returns `out_dir`.
     """
-    import torch
 
     from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path
 

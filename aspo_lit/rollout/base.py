@@ -42,10 +42,8 @@ __all__ = [
     "SamplingConfig",
     "Completion",
     "RolloutEngine",
-    "build_engine",
     "normalize_param_name",
     "named_tensors_of",
-    "vllm_available",
 ]
 
 FINISH_REASONS = ("stop", "length")

@@ -41,7 +41,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from aspo_lit.prompts import INSTRUCTION, encode_prompt, instruct
 from aspo_lit.rewards.math import extract_answer
@@ -57,7 +57,6 @@ __all__ = [
     "build_testbed",
     "is_correct",
     "held_out_accuracy",
-    "build",
 ]
 
 #: Bump when the build procedure changes in a way that changes the artefact.
@@ -551,15 +550,7 @@ def _build_into(out: Path, config: TestbedConfig, log) -> dict:
         final = _sample_accuracy(model, tokenizer, final_rows, temperature=config.temperature,
                                  max_new_tokens=config.max_response_tokens, seed=config.seed)
 
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    # transformers 5 writes its internal class name; the public alias loads the same tokenizer
-    # (tokenizer.json as saved) and is also understood by older readers
-    tok_cfg_path = out / "tokenizer_config.json"
-    tok_cfg = json.loads(tok_cfg_path.read_text())
-    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    save_policy(out, model, tokenizer)
     build_seconds = time.perf_counter() - t0
     summary = {
         "name": f"aspo-lit {config.task} testbed",
@@ -602,13 +593,33 @@ def build_testbed(config: TestbedConfig | None = None, cache_dir: str | os.PathL
     if (final / "testbed.json").is_file() and not force:
         return final
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+    return publish(final, lambda tmp: _build_into(tmp, config, log), keep_concurrent=not force)
+
+
+def save_policy(out: Path, model, tokenizer) -> None:
+    """`save_pretrained` of the policy and its tokenizer into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    # transformers 5 writes its internal class name; the public alias loads the same tokenizer
+    # (tokenizer.json as saved) and is also understood by older readers
+    tok_cfg_path = out / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_path.read_text())
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+
+
+def publish(final: Path, build_into, keep_concurrent: bool = True) -> Path:
+    """`build_into(tmp)` in a temporary sibling of `final`, then renamed into place: a crash or
+    Ctrl-C leaves no half-built folder. `keep_concurrent`: when another process published a
+    finished `final` meanwhile, keep its result and drop ours."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        _build_into(tmp, config, log)
+        build_into(tmp)
         if final.exists():
-            if (final / "testbed.json").is_file() and not force:
-                return final  # a concurrent build finished first; keep its result
+            if (final / "testbed.json").is_file() and keep_concurrent:
+                return final
             trash = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(final, trash)
             shutil.rmtree(trash, ignore_errors=True)
@@ -620,31 +631,3 @@ def build_testbed(config: TestbedConfig | None = None, cache_dir: str | os.PathL
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-# ----------------------------------------------------------------------------- CLI
-
-def build(profile: str = "testbed", overrides: dict[str, Any] | None = None, seed: int | None = None,
-          cache_dir: str | None = None, force: bool = False, quiet: bool = False) -> int:
-    """Build (if missing) a CPU testbed policy and print where it is.
-
-    Args:
-        profile: the named testbed to start from (PROFILES: testbed, the fast demo; testbed-long).
-        overrides: TestbedConfig fields to change, e.g. {sft_max_steps: 400}.
-        seed: TestbedConfig.seed.
-        cache_dir: cache root (default: $ASPO_LIT_CACHE or <repo>/.cache/aspo_lit).
-        force: rebuild even if cached.
-        quiet: no build progress on stderr.
-    """
-    if profile not in PROFILES:
-        raise ValueError(f"profile: unknown testbed {profile!r}; expected one of {sorted(PROFILES)}")
-    overrides = dict(overrides or {})
-    if seed is not None:
-        overrides["seed"] = seed
-    config = dataclasses.replace(PROFILES[profile], **overrides)
-    path = build_testbed(config, cache_dir=cache_dir, force=force, verbose=not quiet)
-    meta = json.loads((path / "testbed.json").read_text())
-    print(path)
-    print(json.dumps({k: meta[k] for k in ("config_hash", "built_at", "build_seconds",
-                                           "num_parameters", "sft_steps", "heldout")}, indent=2))
-    return 0

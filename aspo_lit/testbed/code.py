@@ -15,18 +15,14 @@ name) holds ``testbed.json`` with the config hash; a changed config rebuilds it.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import shutil
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
-from aspo_lit.testbed.build import TestbedConfig
+from aspo_lit.testbed.build import TestbedConfig, publish
 
 BUILDER_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -126,7 +122,7 @@ def _build_into(out: Path, config: CodeTestbedConfig, log) -> dict:
     from transformers import AutoModelForCausalLM
 
     from aspo_lit.prompts import build_code_prompt
-    from aspo_lit.testbed.build import deterministic, generation_config_for, model_config, train_tokenizer
+    from aspo_lit.testbed.build import deterministic, generation_config_for, model_config, save_policy, train_tokenizer
     from aspo_lit.testbed.tiny_code import generate_problems
 
     t0 = time.perf_counter()
@@ -145,13 +141,7 @@ def _build_into(out: Path, config: CodeTestbedConfig, log) -> dict:
             f"problems; SFT up to {config.sft_max_steps} steps")
         history = _sft(model, tokenizer, config, train, dev_rows, log)
         final = _sampled_match_rate(model, tokenizer, final_rows, config)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    tok_cfg_path = out / "tokenizer_config.json"
-    tok_cfg = json.loads(tok_cfg_path.read_text())
-    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    save_policy(out, model, tokenizer)
     summary = {"name": "aspo-lit tiny code testbed", "config": config.to_dict(),
                "config_hash": config_hash(config), "builder_version": BUILDER_VERSION,
                "build_seconds": round(time.perf_counter() - t0, 1), "num_parameters": n_params,
@@ -174,28 +164,4 @@ def build_code_testbed(config: CodeTestbedConfig | None = None, out: str | Path 
     if meta.is_file() and not force and json.loads(meta.read_text()).get("config_hash") == config_hash(config):
         return final
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        _build_into(tmp, config, log)
-        if final.exists():
-            trash = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-            final.rename(trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m aspo_lit.testbed.code", description=__doc__.split("\n")[0])
-    p.add_argument("--force", action="store_true", help="rebuild even if the folder is up to date")
-    p.add_argument("--out", default=str(DEFAULT_DIR), help="the testbed folder")
-    args = p.parse_args(argv)
-    print(build_code_testbed(out=args.out, force=args.force))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return publish(final, lambda tmp: _build_into(tmp, config, log), keep_concurrent=False)

@@ -1,0 +1,44 @@
+"""`python -m aspo_lit build-testbed`: build (or find in the cache) a CPU testbed policy."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from aspo_lit.testbed.build import PROFILES, build_testbed
+from aspo_lit.testbed.code import DEFAULT_DIR, build_code_testbed
+
+CODE_PROFILE = "testbed-code"
+
+
+def build(profile: str = "testbed", overrides: dict[str, Any] | None = None, seed: int | None = None,
+          cache_dir: str | None = None, force: bool = False, quiet: bool = False) -> int:
+    """Build (if missing) a CPU testbed policy and print where it is.
+
+    Args:
+        profile: the named testbed: testbed (the fast demo), testbed-long (the study's), or
+            testbed-code (the code task's).
+        overrides: TestbedConfig fields to change, e.g. {sft_max_steps: 400}.
+        seed: TestbedConfig.seed.
+        cache_dir: cache root (default: $ASPO_LIT_CACHE or <repo>/.cache/aspo_lit).
+        force: rebuild even if cached.
+        quiet: no build progress on stderr.
+    """
+    if profile == CODE_PROFILE:
+        from aspo_lit.testbed.code import CodeTestbedConfig
+
+        config = dataclasses.replace(CodeTestbedConfig(), **(overrides or {}), **({} if seed is None else {"seed": seed}))
+        out = Path(cache_dir) / CODE_PROFILE if cache_dir else DEFAULT_DIR
+        path = build_code_testbed(config, out=out, force=force, verbose=not quiet)
+    elif profile in PROFILES:
+        config = dataclasses.replace(PROFILES[profile], **(overrides or {}), **({} if seed is None else {"seed": seed}))
+        path = build_testbed(config, cache_dir=cache_dir, force=force, verbose=not quiet)
+    else:
+        raise ValueError(f"profile: unknown testbed {profile!r}; expected one of {sorted([*PROFILES, CODE_PROFILE])}")
+    meta = json.loads((path / "testbed.json").read_text())
+    print(path)
+    print(json.dumps({k: meta.get(k) for k in ("config_hash", "built_at", "build_seconds",
+                                               "num_parameters", "sft_steps", "heldout")}, indent=2))
+    return 0
