@@ -28,7 +28,8 @@ class MathRLDataModule(LightningDataModule):
     """Math prompts → G sampled responses per prompt → rewards → group advantages (eq. 1).
 
     Args:
-        train_files: local JSONL/JSON/parquet file or folder, or an HF hub dataset id.
+        train_files: local JSONL/JSON/parquet file or folder, or an HF hub dataset id (default:
+            DeepScaleR-Preview, the paper's math RL data; docs/data.md).
         val_files: the same for held-out evaluation during training (``validate`` / val loop).
         problem_key, answer_key: field mapping of the rows.
         batch_size: prompts per training step, over all ranks (paper: 64).
@@ -52,7 +53,7 @@ class MathRLDataModule(LightningDataModule):
 
     def __init__(
         self,
-        train_files: str = "../shared/data/train/deepscaler_dsr_sub.jsonl",
+        train_files: str = "agentica-org/DeepScaleR-Preview-Dataset",
         val_files: str | None = None,
         problem_key: str = "problem",
         answer_key: str = "answer",

@@ -1,24 +1,31 @@
-"""MathVerifyReward: self-grading of the six benchmarks, extraction, time bounds, penalties."""
+"""MathVerifyReward: self-grading of the six benchmarks, extraction, time bounds, the grading
+pool, and the overlong penalty (applied once, by the DataModule)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import pickle
+import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from aspo_lit.rewards import (
     MathVerifyReward,
     RewardFn,
+    compute_score,
     extract_answer,
     last_boxed_only_string,
     normalize_answer,
     overlong_penalty,
 )
+from aspo_lit.rewards.pool import GradingPool
 
 BENCHMARKS = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
 TIMEOUT_S = 1.0  # per-call bound used by the adversarial tests
@@ -213,19 +220,61 @@ def test_non_main_thread_is_bounded():
         r.close()
 
 
-def test_hung_worker_is_killed_and_replaced():
-    """A worker past the hard deadline is SIGKILLed; its item scores 0 and the pool recovers."""
+def test_hung_worker_is_killed_and_replaced(caplog):
+    """A worker stuck past the hard deadline is killed (reported); its item scores 0, the pool goes on."""
     r = MathVerifyReward(timeout_s=60.0, hard_timeout_s=1.0, num_workers=1)
     try:
         r.batch(["\\boxed{1}"], ["2"])
         start = time.perf_counter()
-        scores = r.batch(["</think>" + ADVERSARIAL["power_tower"], _response("0.5")], ["5", "\\frac{1}{2}"])
+        with caplog.at_level(logging.WARNING, logger="aspo_lit.rewards.pool"):
+            scores = r.batch(["</think>" + ADVERSARIAL["power_tower"], _response("0.5")], ["5", "\\frac{1}{2}"])
         elapsed = time.perf_counter() - start
         assert scores == [0.0, 1.0]
-        assert r._pool.num_killed == 1
+        assert r.pool.num_killed == 1
+        assert "exceeded 1.0 s; killed, item 0 scores 0" in caplog.text
         assert elapsed < 1.0 + 30.0  # the deadline, plus starting one replacement worker
+        assert r.batch([_response("x+1"), _response("7")], ["1+x", "8"]) == [1.0, 0.0]
+        assert r.pool.num_killed == 1
     finally:
         r.close()
+
+
+def _call(fn, *args):
+    """The pool tests' grading function: ``fn(*args)`` in a worker (``operator.call``, Python 3.11+)."""
+    return fn(*args)
+
+
+def test_grading_pool_deadline_and_dead_workers():
+    """Past the hard deadline (even stuck inside C code) or with its worker dead, an item scores 0
+    and is counted; the rest are graded, in order, and the pool keeps working, even after a
+    worker died between calls."""
+    stuck = (hashlib.pbkdf2_hmac, "sha256", b"key", b"salt", 10**9)  # minutes in C code, deaf to signals
+    pool = GradingPool(_call, num_workers=2, hard_timeout_s=1.0, memory_limit_mb=None)
+    try:
+        assert pool.map([(float, 1)]) == [1.0]  # start the workers outside the timed part
+        start = time.perf_counter()
+        assert pool.map([stuck]) == [0.0]
+        assert time.perf_counter() - start < 1.0 + 1.5  # killed at the deadline, no polite wait
+        assert pool.map([stuck, (os._exit, 3), (float, 2), (float, 3), (float, 4)]) == [0.0, 0.0, 2.0, 3.0, 4.0]
+        assert pool.num_killed == 3
+        assert pool.map([(float, 5), (float, 6)]) == [5.0, 6.0]
+        assert pool.num_killed == 3
+        # A worker that dies while the pool is idle breaks a Pebble pool; the next call starts afresh.
+        assert pool.map([(os.system, "(sleep 0.2; kill -9 $PPID) &")]) == [0.0]
+        time.sleep(1.5)
+        assert pool.map([(float, 7)]) == [7.0]
+    finally:
+        pool.close()
+
+
+def test_grading_pool_memory_limit():
+    """An item past the worker's address-space limit scores 0; the worker goes on."""
+    pool = GradingPool(_call, num_workers=1, hard_timeout_s=30.0, memory_limit_mb=512)
+    try:
+        assert pool.map([(eval, "len(bytes(2**30))"), (float, 1)]) == [0.0, 1.0]
+        assert pool.num_killed == 0
+    finally:
+        pool.close()
 
 
 # --------------------------------------------------------------------------- extras
@@ -239,11 +288,40 @@ def test_overlong_penalty_values():
     assert overlong_penalty(100, 100, 20, 1.0) == pytest.approx(-1.0)
     assert overlong_penalty(95, 100, 20, 2.0) == pytest.approx(-1.5)
     assert overlong_penalty(100, 100, 0, 1.0) == 0.0  # no buffer: off
-    r = MathVerifyReward(overlong_buffer={"max_response_length": 100, "buffer_length": 20, "penalty_factor": 1.0},
-                         num_workers=0)
-    assert r(_response("3"), "3", response_length=90) == pytest.approx(0.5)
-    assert r(_response("3"), "3") == 1.0  # no length given: no penalty
-    assert r.batch([_response("3"), _response("3")], ["3", "4"], response_lengths=[10, 100]) == pytest.approx([1.0, -1.0])
+
+
+@pytest.mark.parametrize("buffer, expected", [(20, [1.0, 0.5, -1.0, 0.0]), (0, [1.0, 1.0, 0.0, 0.0])])
+def test_overlong_penalty_applied_once_in_rollouts(buffer, expected):
+    """``data.overlong_buffer`` with the default math-verify reward: the penalty is added exactly once."""
+    import torch  # here, not at the top: Lightning takes long to import and only this test needs it
+
+    from aspo_lit.rollout import Completion, RolloutEngine
+    from data_modules.math import MathRLDataModule
+
+    class ScriptedEngine(RolloutEngine):
+        """Every prompt gets the same group of (text, token count) completions."""
+
+        shares_policy = True
+
+        def attach(self, model, tokenizer, model_path):
+            self._attached = True
+
+        def generate(self, prompts, n=1, sampling=None):
+            return [[Completion(token_ids=[1] * length, text=text, finish_reason="stop", logprobs=[0.0] * length)
+                     for text, length in group] for _ in prompts]
+
+        def update_weights(self, named_tensors):
+            pass
+
+    group = [(_response("3"), 50), (_response("3"), 90), (_response("4"), 100), (_response("4"), 10)]
+    data = MathRLDataModule(group_size=4, max_response_length=100, overlong_buffer=buffer,
+                            overlong_penalty_factor=1.0, engine=ScriptedEngine(),
+                            reward=MathVerifyReward(num_workers=0))
+    module = SimpleNamespace(policy=None, tokenizer=SimpleNamespace(pad_token_id=0), device=torch.device("cpu"),
+                             hparams=SimpleNamespace(model_name_or_path=None))
+    data.trainer = SimpleNamespace(lightning_module=module, global_step=0, world_size=1, global_rank=0)
+    batch = data.rollout([{"id": 0, "problem": "1+2?", "answer": "3", "prompt_ids": [5, 6]}], seed=0)
+    assert batch.rewards.tolist() == pytest.approx(expected)
 
 
 def test_format_reward():
@@ -261,7 +339,34 @@ def test_picklable_and_protocol():
         assert isinstance(r, RewardFn)
         r.batch(["\\boxed{1}"], ["2"])  # a live pool must not break pickling
         clone = pickle.loads(pickle.dumps(r))
-        assert clone.timeout_s == 2.0 and clone._pool is None
+        assert clone.timeout_s == 2.0 and clone.pool is None
         assert clone(_response("0.5"), "\\frac12") == 1.0
     finally:
         r.close()
+
+
+def test_in_process_grading():
+    """``num_workers=0`` grades ``batch`` in the main thread (no worker process); ``compute_score``
+    called from another thread grades there, without signals."""
+    r = MathVerifyReward(num_workers=0, fast_path=False)
+    assert r.batch([_response("\\dfrac{2}{4}"), _response("x+1")], ["\\frac12", "x-1"]) == [1.0, 0.0]
+    assert r.pool is None
+    out = {}
+    t = threading.Thread(target=lambda: out.update(score=compute_score(_response("0.5"), "\\frac12", fast_path=False)))
+    t.start()
+    t.join(timeout=60)
+    assert out == {"score": 1.0}
+
+
+def test_grading_keeps_an_outer_timer():
+    """math-verify's ``signal.alarm(0)`` would cancel a timer set by the caller (e.g. pytest-timeout's)."""
+    fired = []
+    old_handler = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    signal.setitimer(signal.ITIMER_REAL, 30.0)
+    try:
+        assert MathVerifyReward(fast_path=False)(_response("\\dfrac{2}{4}"), "\\frac12") == 1.0
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 20.0 < left <= 30.0 and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
