@@ -20,6 +20,7 @@ from torch import Tensor
 from aspo_lit.forward import response_logprobs
 from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
 from aspo_lit.losses import PolicyLoss, aggregate, agg_normalizer, effective_token_weight, get_policy_loss, kl_penalty
+from aspo_lit.metrics import AvgAtK, PassAtK
 from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_decoder_layers
 from aspo_lit.rollout.batch import RolloutBatch
 from aspo_lit.sampler_mismatch import mismatch_stats, truncated_is_weights
@@ -139,6 +140,7 @@ class ASPOModule(LightningModule):
         self.tokenizer = load_tokenizer(model_name_or_path)
         self._nonfinite_in_a_row = 0
         self.skipped_steps_total = 0
+        self.val_metrics = torch.nn.ModuleDict()  # validation avg@K / pass@K, created at the first batch
 
     # --- model construction -------------------------------------------------------------------
 
@@ -403,15 +405,20 @@ class ASPOModule(LightningModule):
     # --- evaluation during training ----------------------------------------------------------
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        """`batch` is graded validation rollouts from the DataModule: correctness [P, K]."""
-        from aspo_lit.metrics import pass_at_k
+        """`batch` is graded validation rollouts from the DataModule: correctness [P, K].
 
-        correct = batch["correct"].float()
+        Logs the `AvgAtK` / `PassAtK(K)` metric objects: Lightning computes them over all ranks'
+        problems at the end of the epoch (torchmetrics syncs their sums) and resets them.
+        """
+        correct = batch["correct"]
         k = correct.shape[1]
-        size = correct.shape[0]
-        self.log(f"val/avg@{k}", correct.mean(), batch_size=size, sync_dist=True, prog_bar=True)
-        passk = torch.tensor([pass_at_k(k, int(c), k) for c in correct.sum(1).tolist()]).mean()
-        self.log(f"val/pass@{k}", passk, batch_size=size, sync_dist=True)
+        if f"avg@{k}" not in self.val_metrics:  # K is the DataModule's: known at the first batch
+            self.val_metrics.update({f"avg@{k}": AvgAtK(), f"pass@{k}": PassAtK(k)})
+            self.val_metrics.to(self.device)
+        for name in (f"avg@{k}", f"pass@{k}"):
+            self.val_metrics[name].update(correct)
+            self.log(f"val/{name}", self.val_metrics[name], prog_bar=name.startswith("avg@"),
+                     metric_attribute=f"val_metrics.{name}")
 
     # --- checkpoints and export --------------------------------------------------------------
 

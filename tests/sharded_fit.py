@@ -2,8 +2,9 @@
 
 Run as a script (Lightning re-launches it once per extra process):
     python tests/sharded_fit.py --model DIR --devices 2 --strategy fsdp2 --out result.json
-Writes, from rank 0, the per-step grad norms and the final full policy weights' checksums, so a
-test can compare sharded training against the single-process run of the same batches.
+Writes, from rank 0, the per-step grad norms, the final full policy weights' checksums and the
+logged diagnostics and validation metrics (reduced over the ranks), so a test can compare sharded
+training against the single-process run of the same batches.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from lightning.pytorch import Callback, LightningDataModule, Trainer, seed_every
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aspo_lit.advantages import group_advantages  # noqa: E402
+from aspo_lit.callbacks import EntropyMonitor, TrainingStats  # noqa: E402
 from aspo_lit.models import full_state_dict  # noqa: E402
 from aspo_lit.module import ASPOModule  # noqa: E402
 from aspo_lit.rollout.batch import RolloutBatch  # noqa: E402
 
 GROUPS, G, P, T = 8, 4, 6, 10
+DIAGNOSTICS = ("train/entropy", "train/kl", "train/reward_mean", "response/length_mean", "response/length_max")
+VAL_K = 4
 
 
 def fixed_rollout(step: int, vocab: int, pad: int) -> RolloutBatch:
@@ -59,6 +63,12 @@ def rank_share(batch: RolloutBatch, rank: int, world: int) -> RolloutBatch:
     return RolloutBatch(**fields)
 
 
+def val_correct() -> torch.Tensor:
+    """Graded validation rollouts, correctness [8 problems, VAL_K]: the later problems are easier."""
+    gen = torch.Generator().manual_seed(7)
+    return torch.rand(8, VAL_K, generator=gen) < torch.linspace(0.1, 0.9, 8)[:, None]
+
+
 class FixedRollouts(LightningDataModule):
     def __init__(self, steps: int) -> None:
         super().__init__()
@@ -67,20 +77,35 @@ class FixedRollouts(LightningDataModule):
     def train_dataloader(self):
         return [[step] for step in range(self.steps)]
 
+    def val_dataloader(self):
+        return [["val"]]
+
     def on_after_batch_transfer(self, batch, dataloader_idx):
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        if not self.trainer.training:  # validation: unequal shares, 3 problems on rank 0 and 5 on rank 1
+            correct = val_correct()
+            return {"correct": correct if world == 1 else (correct[:3], correct[3:])[rank]}
         module = self.trainer.lightning_module
         full = fixed_rollout(int(batch[0]), module.policy.config.vocab_size, module.tokenizer.pad_token_id)
-        return rank_share(full, self.trainer.global_rank, self.trainer.world_size)
+        return rank_share(full, rank, world)
 
 
 class Record(Callback):
+    """After the diagnostics: each step's grad norm, skips, logged diagnostics and this rank's
+    own token count and token-mean entropy."""
+
     def __init__(self) -> None:
         self.grad_norms: list[float] = []
         self.skipped: list[int] = []
+        self.diagnostics: list[dict[str, float]] = []
+        self.local_entropy: list[tuple[int, float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.grad_norms.append(float(outputs["grad_norm"]))
         self.skipped.append(int(outputs["skipped_steps"]))
+        self.diagnostics.append({k: float(trainer.callback_metrics[k]) for k in DIAGNOSTICS})
+        mask = outputs["response_mask"]
+        self.local_entropy.append((int(mask.sum()), float((outputs["entropy"] * mask).sum() / mask.sum())))
 
 
 def _inject_nan(rank: int) -> None:
@@ -132,7 +157,7 @@ def main() -> None:
     record = Record()
     trainer = Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=2, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      callbacks=[record])
+                      callbacks=[TrainingStats(), EntropyMonitor(), record])
     from aspo_lit.models import load_policy
 
     initial = {name: t.double().sum().item() for name, t in load_policy(args.model).state_dict().items()}
@@ -140,14 +165,19 @@ def main() -> None:
     state = full_state_dict(module.policy)
     import torch.distributed as dist
 
-    skipped = [None] * trainer.world_size
+    per_rank = [None] * trainer.world_size
     if trainer.world_size > 1:
-        dist.all_gather_object(skipped, record.skipped)
+        dist.all_gather_object(per_rank, (record.skipped, record.local_entropy))
     else:
-        skipped = [record.skipped]
+        per_rank = [(record.skipped, record.local_entropy)]
     if trainer.is_global_zero:
+        correct = val_correct()
         result = {
-            "skipped_per_rank": skipped,
+            "skipped_per_rank": [skipped for skipped, _ in per_rank],
+            "local_entropy_per_rank": [local for _, local in per_rank],
+            "diagnostics": record.diagnostics,
+            "val": {k: float(trainer.callback_metrics[f"val/{k}@{VAL_K}"]) for k in ("avg", "pass")},
+            "val_all_problems": {"avg": correct.float().mean().item(), "pass": correct.any(1).float().mean().item()},
             "grad_norms": record.grad_norms,
             "initial_weights": initial,
             "weights": {name: tensor.double().sum().item() for name, tensor in state.items()},

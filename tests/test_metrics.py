@@ -1,4 +1,5 @@
-"""pass@k / avg@K: brute force, stability, torchmetrics classes, 2-process gloo reduction."""
+"""pass@k / avg@K: brute force, stability, torchmetrics classes, 2-process gloo reduction, and the
+metrics ASPOModule logs in validation."""
 
 from __future__ import annotations
 
@@ -133,3 +134,24 @@ def test_distributed_reduction_two_processes():
     for rank in range(world_size):
         for name, value in expected.items():
             assert results[rank][name] == pytest.approx(value, abs=1e-12), (rank, name)
+
+
+# --------------------------------------------------------------------------- in ASPOModule validation
+def test_module_validation_logs_metrics_over_all_problems_per_run(tiny_model_dir):
+    """`ASPOModule.validation_step` logs avg@K / pass@K over every problem of the run (batches of
+    unequal sizes), and a second run starts from zero."""
+    from lightning.pytorch import Trainer
+    from torch.utils.data import DataLoader
+
+    from aspo_lit.module import ASPOModule
+
+    module = ASPOModule(model_name_or_path=str(tiny_model_dir), kl_coef=0.0)
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+    correct = _correct_matrix(problems=12, n=4)
+    for batches in (correct[:9].split([2, 7]), [correct[9:]]):
+        loader = DataLoader([{"correct": b} for b in batches], batch_size=None)
+        logged = trainer.validate(module, loader, verbose=False)[0]
+        counts = torch.cat(batches).sum(1).tolist()
+        assert logged["val/avg@4"] == pytest.approx(sum(counts) / (4 * len(counts)), abs=1e-7)
+        assert logged["val/pass@4"] == pytest.approx(sum(c > 0 for c in counts) / len(counts), abs=1e-7)

@@ -1,6 +1,7 @@
 """Sharded training on CPU: 2 processes (FSDP2 via FSDP2Strategy, and DDP, over gloo) give the same
-gradient norms and weights as one process on the same rollout batches; a NaN on one rank makes
-every rank skip that step; a mesh that does not shard over every rank is refused."""
+gradient norms, weights and logged diagnostics as one process on the same rollout batches, and
+validation metrics over all ranks' problems; a NaN on one rank makes every rank skip that step; a
+mesh that does not shard over every rank is refused."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def _fit(model_dir, tmp_path, devices, strategy, loss_agg, *extra):
 
 def _assert_same(single, sharded):
     assert sharded["grad_norms"] == pytest.approx(single["grad_norms"], rel=1e-5)
+    for step, logged in enumerate(single["diagnostics"]):  # reduced over ranks = over the whole batch
+        assert sharded["diagnostics"][step] == pytest.approx(logged, rel=1e-5), step
     for name, value in single["weights"].items():
         assert sharded["weights"][name] == pytest.approx(value, abs=1e-4), name
         assert sharded["abs_weights"][name] == pytest.approx(single["abs_weights"][name], rel=1e-6), name
@@ -42,6 +45,13 @@ def test_fsdp2_two_processes_match_single(tiny_model_dir, tmp_path, loss_agg):
     # the weights did move: the comparison is not between two untouched models
     moved = [n for n, v in single["weights"].items() if abs(v - single["initial_weights"][n]) > 1e-3]
     assert len(moved) > len(single["weights"]) // 2
+    # the ranks hold different token counts, so a mean of the ranks' entropy means would differ
+    for ((n0, e0), (n1, e1)), logged in zip(zip(*sharded["local_entropy_per_rank"]), sharded["diagnostics"]):
+        assert n0 != n1 and (e0 + e1) / 2 != pytest.approx(logged["train/entropy"], rel=1e-4)
+        assert logged["train/entropy"] == pytest.approx((n0 * e0 + n1 * e1) / (n0 + n1), rel=1e-5)
+    # validation: 3 problems on rank 0, 5 on rank 1; avg@K and pass@K over all 8
+    for run in (single, sharded):
+        assert run["val"] == pytest.approx(run["val_all_problems"], abs=1e-6)
 
 
 @pytest.mark.slow

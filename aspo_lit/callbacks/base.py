@@ -14,10 +14,12 @@ W&B all receive it, at the trainer's ``log_every_n_steps``).
 
 Under DDP/FSDP every rank holds a different slice of the rollout batch, so a metric must be
 reduced across ranks *before* it is logged: means weighted by their token or response counts
-(never a mean of per-rank means), maxima as maxima. The helpers below do that with one collective
-per call; with ``trainer=None`` or a single process they reduce locally. Every rank must call the
-same helpers in the same order (they are collectives): never branch on rank-local data before a
-reduction. Side effects (figures, files, warnings) belong on rank 0 only (``trainer.is_global_zero``).
+(never a mean of per-rank means), maxima as maxima. The helpers below do that with torchmetrics'
+aggregation metrics (``MeanMetric`` with weights, ``MaxMetric``, ``SumMetric``), whose ``compute``
+syncs their states over the process group; with ``trainer=None`` or a single process they reduce
+locally. A NaN stays NaN (a rank's NaN statistic makes the global value NaN). Every rank must call
+the same helpers in the same order (they are collectives): never branch on rank-local data before
+a reduction. Side effects (figures, files, warnings) belong on rank 0 only (``trainer.is_global_zero``).
 """
 
 from __future__ import annotations
@@ -29,54 +31,53 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
+from torchmetrics.aggregation import BaseAggregator, MaxMetric, MeanMetric, SumMetric
 
 Number = Union[float, int, Tensor]
 
 
-def _device(trainer: Optional[pl.Trainer]) -> torch.device:
-    return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-
-
-def _as_tensor(x: Any, device: torch.device) -> Tensor:
-    # float64 so token counts and sums of millions of tokens stay exact (MPS has no float64)
+def _as_tensor(x: Any, trainer: Optional[pl.Trainer]) -> Tensor:
+    """``x`` on the trainer's device in float64, which keeps sums over millions of tokens exact
+    (float32 on MPS, which has no float64)."""
+    device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
     dtype = torch.float32 if device.type == "mps" else torch.float64
-    if isinstance(x, Tensor):
-        return x.detach().to(device=device, dtype=dtype)
-    return torch.as_tensor(x, dtype=dtype, device=device)
+    return torch.as_tensor(x.detach() if isinstance(x, Tensor) else x, dtype=dtype, device=device)
 
 
-def _distributed(trainer: Optional[pl.Trainer]) -> bool:
-    return trainer is not None and trainer.world_size > 1
+def _reduce(aggregator: type[BaseAggregator], trainer: Optional[pl.Trainer], *args: Tensor) -> Tensor:
+    """An ``aggregator`` updated with this rank's ``args``, computed over all ranks."""
+    # nan_strategy NaN "imputes" a NaN by NaN, i.e. keeps it ("disable" would also make MeanMetric
+    # drop its weights)
+    metric = aggregator(nan_strategy=float("nan"), sync_on_compute=trainer is not None and trainer.world_size > 1)
+    metric = metric.to(args[0].device).set_dtype(args[0].dtype)
+    metric.update(*args)
+    return metric.compute()
 
 
 def global_sum(values: Any, *, trainer: Optional[pl.Trainer] = None) -> Tensor:
-    """Element-wise sum of ``values`` over all ranks (one all-reduce)."""
-    t = _as_tensor(values, _device(trainer)).clone()  # reduce is in place
-    if _distributed(trainer):
-        t = trainer.strategy.reduce(t, reduce_op="sum")
-    return t
+    """Element-wise sum of ``values`` over all ranks (a ``SumMetric`` per element)."""
+    t = _as_tensor(values, trainer)
+    sums = [_reduce(SumMetric, trainer, x) for x in t.reshape(-1)]
+    return torch.stack(sums).reshape(t.shape) if sums else t
 
 
 def weighted_means(
     pairs: Mapping[str, tuple[Any, Any]], *, trainer: Optional[pl.Trainer] = None
 ) -> dict[str, Tensor]:
-    """``{name: Σ_ranks Σ w·v / Σ_ranks Σ w}`` for ``{name: (values, weights)}``, one all-reduce.
+    """``{name: Σ_ranks Σ w·v / Σ_ranks Σ w}`` for ``{name: (values, weights)}``, a weighted
+    ``MeanMetric`` each.
 
     ``weights=None`` weighs every element 1 (a per-response mean when ``values`` is ``[N]``).
-    A name whose total weight is 0 on every rank comes back NaN (undefined, not 0).
+    Elements of weight 0 are left out (a NaN stat of an empty slice does not poison the mean); a
+    name whose total weight is 0 on every rank comes back NaN (undefined, not 0).
     """
-    device = _device(trainer)
-    sums = []
-    for values, weights in pairs.values():
-        v = _as_tensor(values, device).reshape(-1)
-        w = torch.ones_like(v) if weights is None else _as_tensor(weights, device).reshape(-1)
-        v = torch.where(w != 0, v, 0.0)  # a NaN stat of an empty slice (weight 0) must not poison the sum
-        sums.append(torch.stack([(v * w).sum(), w.sum()]))
-    if not sums:
-        return {}
-    total = global_sum(torch.stack(sums), trainer=trainer)
-    means = torch.where(total[:, 1] > 0, total[:, 0] / total[:, 1].clamp_min(1e-300), torch.nan)
-    return dict(zip(pairs.keys(), means.unbind()))
+    means = {}
+    for name, (values, weights) in pairs.items():
+        v = _as_tensor(values, trainer).reshape(-1)
+        w = torch.ones_like(v) if weights is None else _as_tensor(weights, trainer).reshape(-1)
+        v, w = torch.broadcast_tensors(v, w)
+        means[name] = _reduce(MeanMetric, trainer, v[w != 0], w[w != 0])
+    return means
 
 
 def weighted_mean(values: Any, weights: Any = None, *, trainer: Optional[pl.Trainer] = None) -> Tensor:
@@ -85,19 +86,9 @@ def weighted_mean(values: Any, weights: Any = None, *, trainer: Optional[pl.Trai
 
 
 def global_maxes(values: Mapping[str, Any], *, trainer: Optional[pl.Trainer] = None) -> dict[str, Tensor]:
-    """``{name: max over all elements on all ranks}``, one all-gather; NaN where all are empty."""
-    device = _device(trainer)
-    local = []
-    for x in values.values():
-        t = _as_tensor(x, device).reshape(-1)
-        local.append(t.max() if t.numel() else torch.tensor(-torch.inf, dtype=t.dtype, device=device))
-    if not local:
-        return {}
-    stacked = torch.stack(local)
-    if _distributed(trainer):
-        stacked = trainer.strategy.all_gather(stacked).reshape(-1, len(local)).amax(0)
-    stacked = torch.where(torch.isinf(stacked) & (stacked < 0), torch.nan, stacked)
-    return dict(zip(values.keys(), stacked.unbind()))
+    """``{name: max over all elements on all ranks}``, a ``MaxMetric`` each; NaN where all are empty."""
+    maxes = {name: _reduce(MaxMetric, trainer, _as_tensor(x, trainer).reshape(-1)) for name, x in values.items()}
+    return {name: torch.where(torch.isneginf(m), torch.nan, m) for name, m in maxes.items()}
 
 
 def global_max(values: Any, *, trainer: Optional[pl.Trainer] = None) -> Tensor:

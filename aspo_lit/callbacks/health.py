@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 
-from aspo_lit.callbacks.base import Diagnostic, resolve_log_dir, weighted_means
-from aspo_lit.callbacks.entropy import slope
+from aspo_lit.callbacks.base import Diagnostic, resolve_log_dir
+from aspo_lit.callbacks.entropy import EntropyMonitor, slope
+from aspo_lit.callbacks.training_stats import TrainingStats
 
 ENTROPY, REWARD, CLIP, KL = "train/entropy", "train/reward_mean", "clip/pos_high", "train/kl"
 STATUS = {"healthy": 0, "watch": 1, "collapsed": 2}
@@ -109,8 +110,10 @@ class HealthMonitor(Diagnostic):
     """Logs ``health/status`` (0 healthy, 1 watch, 2 collapsed) every ``interval`` steps, shows the
     verdict in the progress bar, and writes ``health.json`` into the log dir at the end of fit.
 
-    Reads the four series from the step diagnostics itself (token-weighted, rank-reduced), so it
-    does not depend on the order of the other callbacks. Thresholds: see :func:`assess_health`.
+    Judges the four series as :class:`EntropyMonitor` (``train/entropy``) and :class:`TrainingStats`
+    (the others) logged them this step, already reduced across ranks (read back from
+    ``trainer.callback_metrics``, no reduction of its own): both must come before it in
+    ``trainer.callbacks``. Thresholds: see :func:`assess_health`.
     """
 
     def __init__(self, interval: int = 10, window: int = 20, min_entropy: float = 0.02,
@@ -128,18 +131,17 @@ class HealthMonitor(Diagnostic):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         self._log_dir = resolve_log_dir(trainer)  # a collective: every rank, once
+        earlier = trainer.callbacks[: trainer.callbacks.index(self)]
+        missing = [source.__name__ for source in (EntropyMonitor, TrainingStats)
+                   if not any(isinstance(cb, source) for cb in earlier)]
+        if missing:
+            raise ValueError(f"HealthMonitor judges what {' and '.join(missing)} log each step: "
+                             "list them before it in trainer.callbacks")
 
     def compute(self, trainer, pl_module, d) -> dict[str, Any]:
-        stats = d.get("loss_stats") or {}
-        mask = d["response_mask"]
-        values = weighted_means({
-            ENTROPY: (d["entropy"], mask),
-            REWARD: (d["rewards"], None),
-            CLIP: (stats.get(CLIP, float("nan")), stats.get("count/pos_tokens", 1.0)),
-            KL: (d.get("kl", float("nan")), mask.sum()),
-        }, trainer=trainer)
-        for key, value in values.items():
-            self.history[key].append(float(value))
+        logged = trainer.callback_metrics
+        for key, series in self.history.items():
+            series.append(float(logged.get(key, math.nan)))
         if len(self.history[ENTROPY]) % self.interval:
             return {}
         self._assess(trainer)
