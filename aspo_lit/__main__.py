@@ -56,21 +56,31 @@ def resolve(target: str):
 
 
 def run_tool(name: str, argv: list[str]) -> int:
-    """Parse `argv` for the tool (its signature and docstring are the parser) and run it."""
+    """Parse `argv` for the tool (its signature and docstring are the parser) and run it. A tool
+    with a `config_files` parameter gets the YAML files it was given (to resolve paths in them)."""
+    import inspect
     from pathlib import Path
 
-    from jsonargparse import auto_cli
+    from jsonargparse import ActionConfigFile, ArgumentParser
 
     from aspo_lit.configs import resolve_config
 
-    tool = TOOLS[name]
+    tool, fn = TOOLS[name], resolve(TOOLS[name].target)
     given = any(a == "--config" or a.startswith("--config=") for a in argv)
     default = resolve_config(tool.config) if tool.config and not given else None
-    defaults = [default] if default and Path(default).is_file() else []
-    result = auto_cli(resolve(tool.target), args=argv, as_positional=tool.positional,
-                      set_defaults=tool.defaults or None, prog=f"python -m aspo_lit {name}",
-                      default_config_files=defaults)
-    return int(result or 0)
+    parser = ArgumentParser(prog=f"python -m aspo_lit {name}", description=inspect.getdoc(fn).split("\n\n")[0],
+                            default_config_files=[default] if default and Path(default).is_file() else [])
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these arguments (later files win)")
+    params = inspect.signature(fn).parameters
+    parser.add_function_arguments(fn, as_group=False, as_positional=tool.positional, skip={"config_files"})
+    if tool.defaults:
+        parser.set_defaults(tool.defaults)
+    cfg = parser.parse_args(argv)
+    kwargs = {key: cfg[key] for key in params if key in cfg}
+    if "config_files" in params:
+        files = [*(cfg.get("__default_config__") or []), *(cfg.get("config") or [])]
+        kwargs["config_files"] = [str(getattr(f, "absolute", f)) for f in files if f is not None]
+    return int(fn(**kwargs) or 0)
 
 
 def _epilog() -> str:

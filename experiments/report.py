@@ -1,0 +1,741 @@
+"""The study's report: the runs' metrics in a DataFrame, the pre-registered verdicts, the page.
+
+Applies docs/study-protocol.md: per seed, the *final* value of a claim's metric (the mean over
+the last ``tail_fraction`` of the logged training steps, the last held-out evaluation for
+accuracy, the maximum over the run for claim 7's grad norm), then the 2 x pooled-SE rule on the
+difference of the two losses' means, with Welch's two-sided p-value beside it as information.
+Writes the Markdown page (docs/study.md) and its figures: the Fig. 2-style overlays (mean ± std
+over seeds) and the Fig. 4 token-weight surfaces of seed 0 of GRPO and ASPO.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from aspo_lit.figures import PANELS, accuracy_key, ema_smooth, read_metrics
+from experiments.runner import REPO, read_json, run_name
+
+if TYPE_CHECKING:
+    from experiments.study import Study
+
+LABELS = {
+    "grpo": "GRPO",
+    "grpo_no_is": "GRPO w/o IS",
+    "grpo_pos_mean": "GRPO w/ Pos. Resp. IS Mean",
+    "aspo": "ASPO",
+    "aspo_no_dual_clip": "ASPO w/o dual clip",
+    "cispo": "CISPO",
+    "gspo": "GSPO",
+}
+#: Paper Table 4 (Qwen3-4B, average over the six math benchmarks), for reference in the table.
+PAPER_TABLE4_AVG = {"grpo": 61.6, "grpo_no_is": 63.5, "grpo_pos_mean": 64.0}
+
+ACCURACY = "val/avg@K"  # placeholder resolved to the runs' val/avg@<K> column
+#: Figure panels: (metric, title); the accuracy key is resolved from the runs.
+STUDY_PANELS = tuple(PANELS) + (("train/grad_norm", "Grad norm"),)
+#: Plotted raw (spikes are the point of Fig. 8).
+UNSMOOTHED = ("train/grad_norm",)
+#: Training metrics tabulated in the report (first 20% -> last 20% of logged steps).
+DYNAMICS = ("train/entropy", "train/repetition_rate", "clip/pos_high", "train/kl", "train/reward_mean")
+COLUMNS = ["run", "metric", "step", "value"]
+
+
+def label(loss: str) -> str:
+    return LABELS.get(loss, loss)
+
+
+def show_path(path: str | os.PathLike) -> str:
+    """A path relative to the repository when it lies inside it, else absolute."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+# =========================================================================== metrics
+
+def version_dirs(run_dir: Path) -> list[Path]:
+    """The run's ``version_*`` folders in numeric order (a resume adds one)."""
+    def number(path: str) -> int:
+        match = re.search(r"version_(\d+)$", path)
+        return int(match.group(1)) if match else -1
+
+    return [Path(p) for p in sorted(glob.glob(str(Path(run_dir) / "version_*")), key=number)]
+
+
+def read_run(run_dir: str | os.PathLike) -> pd.DataFrame:
+    """``metric, step, value`` of a run, merged over its ``version_*/metrics.csv``: a step logged
+    twice keeps the later version's value; sorted by metric and step."""
+    frames = [pd.DataFrame({"metric": key, "step": steps, "value": values})
+              for version in version_dirs(Path(run_dir)) if (version / "metrics.csv").is_file()
+              for key, (steps, values) in read_metrics(str(version / "metrics.csv")).items()]
+    if not frames:
+        return pd.DataFrame({"metric": pd.Series(dtype=str), "step": pd.Series(dtype=float),
+                             "value": pd.Series(dtype=float)})
+    merged = pd.concat(frames, ignore_index=True).drop_duplicates(["metric", "step"], keep="last")
+    return merged.sort_values(["metric", "step"], kind="stable", ignore_index=True)
+
+
+def head_mean(values: Sequence[float], fraction: float = 0.2) -> float:
+    """Mean over the first ``fraction`` of the logged points (at least one)."""
+    values = np.asarray(values, dtype=np.float64)
+    return float(np.mean(values[:max(1, math.ceil(fraction * len(values)))])) if len(values) else math.nan
+
+
+def tail_mean(values: Sequence[float], fraction: float = 0.2) -> float:
+    """Mean over the last ``fraction`` of the logged points (at least one)."""
+    values = np.asarray(values, dtype=np.float64)
+    return float(np.mean(values[-max(1, math.ceil(fraction * len(values))):])) if len(values) else math.nan
+
+
+def run_statistics(metrics: pd.DataFrame, fraction: float) -> pd.DataFrame:
+    """Per ``(run, metric)``: the reductions of its logged values the report uses."""
+    if metrics.empty:
+        return pd.DataFrame(columns=["head_mean", "tail_mean", "last_eval", "max", "mean", "first"],
+                            index=pd.MultiIndex.from_tuples([], names=["run", "metric"]), dtype=float)
+    return metrics.groupby(["run", "metric"], sort=False)["value"].agg(
+        head_mean=lambda v: head_mean(v.to_numpy(), fraction), tail_mean=lambda v: tail_mean(v.to_numpy(), fraction),
+        last_eval="last", max="max", mean="mean", first="first")
+
+
+@dataclass
+class Results:
+    study: Study
+    runs: pd.DataFrame          # per planned run (index: name): kind, loss, seed, status, rc, log, wall_s, health
+    metrics: pd.DataFrame       # run, metric, step, value: finished runs only
+    stats: pd.DataFrame         # run_statistics(metrics)
+    accuracy_key: str
+    config: dict                # the first fit run's saved LightningCLI config (budget section)
+    invocations: list[dict]
+    rows: dict = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rows = self.metrics.groupby(["run", "metric"], sort=False).indices if len(self.metrics) else {}
+
+    @property
+    def pass_key(self) -> str:
+        return self.accuracy_key.replace("avg@", "pass@")
+
+    @property
+    def val_k(self) -> str:
+        return self.accuracy_key.rsplit("@", 1)[-1]
+
+    @property
+    def fit_names(self) -> list[str]:
+        return [run_name(loss, s) for s in self.study.seeds for loss in self.study.losses]
+
+    def series(self, run: str, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(steps, values)`` of a finished run's metric."""
+        rows = self.rows.get((run, metric))
+        if rows is None:
+            return None
+        return self.metrics["step"].to_numpy()[rows], self.metrics["value"].to_numpy()[rows]
+
+    def per_seed(self, loss: str, metric: str, statistic: str) -> np.ndarray:
+        """One number per seed of ``loss`` (NaN where the run has no such metric)."""
+        key = self.accuracy_key if metric == ACCURACY else metric
+        index = pd.MultiIndex.from_tuples([(run_name(loss, s), key) for s in self.study.seeds])
+        return self.stats[statistic].reindex(index).to_numpy(dtype=np.float64)
+
+    def by_seed(self, columns: Mapping[str, tuple[str, str]]) -> pd.DataFrame:
+        """One row per ``(loss, seed)`` of the grid, one column per ``name: (metric, statistic)``."""
+        index = pd.MultiIndex.from_product([self.study.losses, self.study.seeds], names=["loss", "seed"])
+        return pd.DataFrame({name: np.concatenate([self.per_seed(loss, metric, stat) for loss in self.study.losses])
+                             for name, (metric, stat) in columns.items()}, index=index)
+
+
+def saved_config(run_dir: Path) -> dict:
+    import yaml
+
+    for version in reversed(version_dirs(run_dir)):
+        path = version / "config.yaml"
+        if path.is_file():
+            try:
+                return yaml.safe_load(path.read_text()) or {}
+            except Exception:  # noqa: BLE001 - a config we cannot parse only costs the budget table
+                return {}
+    return {}
+
+
+def collect(study: Study) -> Results:
+    """Every planned run's status and markers; the metrics of the finished ones (a partial run's
+    last value is not final, so only finished runs enter the figures, tables and verdicts)."""
+    rows, frames = [], []
+    for run in study.plan():
+        metrics = read_run(run.dir)
+        failure = read_json(run.failed_marker) if run.failed_marker.exists() else {}
+        status = ("done" if run.done_marker.exists() else "failed" if run.failed_marker.exists()
+                  else "partial" if len(metrics) else "missing")
+        health = next((read_json(v / "health.json") for v in reversed(version_dirs(run.dir))
+                       if (v / "health.json").is_file()), {})
+        rows.append({"name": run.name, "kind": run.kind, "loss": run.loss, "seed": run.seed, "status": status,
+                     "rc": str(failure.get("rc")), "log": str(failure.get("log")),
+                     "wall_s": read_json(run.done_marker).get("wall_s") if status == "done" else None,
+                     "health": health.get("verdict")})
+        if status == "done":
+            frames.append(metrics.assign(run=run.name)[COLUMNS])
+    runs = pd.DataFrame(rows).set_index("name")
+    metrics = (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)).sort_values(
+        ["run", "metric", "step"], kind="stable", ignore_index=True)
+    acc_key = accuracy_key([set(g) for _, g in metrics.groupby("run", sort=False)["metric"]]) if len(metrics) else ""
+    if not acc_key.startswith("val/"):
+        acc_key = "val/avg@4"
+    config = next((c for c in (saved_config(r.dir) for r in study.plan() if r.kind == "fit") if c), {})
+    return Results(study, runs, metrics, run_statistics(metrics, float(study.tail_fraction)), acc_key, config,
+                   read_json(study.out_dir / "study.json").get("invocations", []))
+
+
+# =========================================================================== the decision rule
+
+@dataclass(frozen=True)
+class Claim:
+    """``value(higher) > value(lower)`` per seed, for ``metric`` reduced by ``statistic``."""
+
+    id: str
+    text: str
+    source: str
+    metric: str          # a logged key, or ACCURACY (resolved to val/avg@K)
+    statistic: str       # tail_mean | last_eval | max
+    higher: str          # the loss the paper says ends higher
+    lower: str
+
+
+CLAIMS = (
+    Claim("1", "GRPO's entropy falls faster / lower than ASPO's", "Sec. 7.3, Fig. 2",
+          "train/entropy", "tail_mean", higher="aspo", lower="grpo"),
+    Claim("2", "GRPO's repetition rate grows more than ASPO's", "Sec. 7.3, Fig. 2, App. C",
+          "train/repetition_rate", "tail_mean", higher="grpo", lower="aspo"),
+    Claim("3", "GRPO's positive clip ratio rises more than ASPO's", "Sec. 7.3, Fig. 2",
+          "clip/pos_high", "tail_mean", higher="grpo", lower="aspo"),
+    Claim("4", "ASPO ends with higher held-out accuracy than GRPO", "Sec. 7.2-7.3, Table 1, Fig. 2",
+          ACCURACY, "last_eval", higher="aspo", lower="grpo"),
+    Claim("5a", "GRPO w/o IS ends higher than GRPO (held-out accuracy)", "Table 4",
+          ACCURACY, "last_eval", higher="grpo_no_is", lower="grpo"),
+    Claim("5b", "GRPO w/o IS is more stable than GRPO (slower entropy decay)", "Sec. 4.2.1, Fig. 2",
+          "train/entropy", "tail_mean", higher="grpo_no_is", lower="grpo"),
+    Claim("6a", "GRPO w/ Pos. Resp. IS Mean ends higher than GRPO (held-out accuracy)", "Table 4, Sec. 5.3.1",
+          ACCURACY, "last_eval", higher="grpo_pos_mean", lower="grpo"),
+    Claim("6b", "GRPO w/ Pos. Resp. IS Mean is more stable than GRPO (slower entropy decay)",
+          "Sec. 5.3.1, Fig. 2", "train/entropy", "tail_mean", higher="grpo_pos_mean", lower="grpo"),
+    Claim("7", "Without dual clip, grad-norm spikes are larger (max grad norm)", "App. C, Fig. 8",
+          "train/grad_norm", "max", higher="aspo_no_dual_clip", lower="aspo"),
+)
+
+
+@dataclass
+class Verdict:
+    verdict: str          # supported | not supported | inconclusive | no data
+    diff: float           # mean(higher) - mean(lower): > 0 is the claimed direction
+    margin: float         # k x pooled standard error
+    n_higher: int
+    n_lower: int
+    mean_higher: float
+    mean_lower: float
+    std_higher: float
+    std_lower: float
+    p_value: float = math.nan  # Welch's t-test, two-sided (information only: the 2xSE rule decides)
+
+
+def pooled_se(a: Sequence[float], b: Sequence[float]) -> float:
+    """Standard error of ``mean(a) - mean(b)`` with the pooled variance (NaN if n_a + n_b < 3)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    na, nb = len(a), len(b)
+    if na < 1 or nb < 1 or na + nb < 3:
+        return math.nan
+    ss = (np.var(a, ddof=1) * (na - 1) if na > 1 else 0.0) + (np.var(b, ddof=1) * (nb - 1) if nb > 1 else 0.0)
+    return float(math.sqrt(ss / (na + nb - 2) * (1.0 / na + 1.0 / nb)))
+
+
+def welch_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p-value of Welch's t-test (unequal variances) of ``mean(a) - mean(b)``; NaN with
+    fewer than 2 values per side or no spread at all."""
+    from scipy.stats import ttest_ind
+
+    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+        return math.nan
+    return float(ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def verdict(higher: Sequence[float], lower: Sequence[float], k: float = 2.0) -> Verdict:
+    """The decision rule: the claim is ``mean(higher) > mean(lower)``.
+
+    *supported* when the difference is positive and larger than ``k`` x the pooled standard error,
+    *not supported* when it is negative by more than that margin, else *inconclusive* (also with
+    fewer than 2 seeds for either loss: no spread, no test). NaN values are dropped.
+    """
+    a = [float(x) for x in higher if x is not None and math.isfinite(x)]
+    b = [float(x) for x in lower if x is not None and math.isfinite(x)]
+
+    def std(x):
+        return float(np.std(x, ddof=1)) if len(x) > 1 else math.nan
+
+    ma = float(np.mean(a)) if a else math.nan
+    mb = float(np.mean(b)) if b else math.nan
+    if not a or not b:
+        return Verdict("no data", math.nan, math.nan, len(a), len(b), ma, mb, std(a), std(b))
+    diff = ma - mb
+    margin = k * pooled_se(a, b) if len(a) >= 2 and len(b) >= 2 else math.nan
+    if not math.isfinite(margin):
+        word = "inconclusive"
+    elif diff > margin:
+        word = "supported"
+    elif diff < -margin:
+        word = "not supported"
+    else:
+        word = "inconclusive"
+    return Verdict(word, diff, margin, len(a), len(b), ma, mb, std(a), std(b), welch_p(a, b))
+
+
+def judge(results: Results) -> list[tuple[Claim, Verdict]]:
+    out = []
+    for claim in CLAIMS:
+        if claim.higher not in results.study.losses or claim.lower not in results.study.losses:
+            out.append((claim, verdict([], [])))
+            continue
+        out.append((claim, verdict(results.per_seed(claim.higher, claim.metric, claim.statistic),
+                                   results.per_seed(claim.lower, claim.metric, claim.statistic))))
+    return out
+
+
+# =========================================================================== figures
+
+def seed_band(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> pd.DataFrame:
+    """Mean, std (0 for a single seed) and seed count at every step any seed logged."""
+    frame = pd.concat([pd.DataFrame({"step": steps, "value": values}) for steps, values in curves])
+    band = frame.groupby("step")["value"].agg(["mean", "std", "count"])
+    band["std"] = band["std"].fillna(0.0)
+    return band
+
+
+def plot_overlays(results: Results, path: Path) -> Path:
+    """Fig. 2-style panels, one line per loss: mean over seeds, band = ± 1 std over seeds.
+    Train curves are EMA-smoothed per seed (``smooth``) before averaging; accuracy and grad norm are not."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend state
+
+    study = results.study
+    fig = Figure(figsize=(15, 8), layout="constrained")
+    axes = fig.subplots(2, 3).reshape(-1)
+    for ax, (key, title) in zip(axes, STUDY_PANELS):
+        is_accuracy = key is None
+        key = results.accuracy_key if is_accuracy else key
+        for i, loss in enumerate(study.losses):
+            curves = []
+            for seed in study.seeds:
+                series = results.series(run_name(loss, seed), key)
+                if series is None or not len(series[0]):
+                    continue
+                steps, values = series
+                if is_accuracy:  # start every curve at the untrained model's accuracy (step 0)
+                    base = results.series(run_name("base", seed), key)
+                    if base is not None and len(base[1]) and (not len(steps) or steps[0] > 0):
+                        steps, values = np.r_[0.0, steps], np.r_[base[1][-1], values]
+                elif key not in UNSMOOTHED:
+                    values = ema_smooth(values, study.smooth)
+                curves.append((steps, values))
+            if not curves:
+                continue
+            band = seed_band(curves)
+            steps, mean, std = band.index.to_numpy(), band["mean"].to_numpy(), band["std"].to_numpy()
+            color = f"C{i}"
+            ax.plot(steps, mean, color=color, lw=1.5, label=f"{label(loss)} (n={len(curves)})",
+                    marker="o" if is_accuracy else None, ms=3)
+            ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15, lw=0)
+        ylabel = key if not is_accuracy else f"{key} (held-out)"
+        ax.set(title=title if not is_accuracy else f"Held-out accuracy (avg@{results.val_k})",
+               xlabel="training step (rollout batch, as logged)", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{study.name}: mean ± 1 std over seeds {study.seeds}"
+                 f" (train curves EMA {study.smooth:g}, grad norm raw); accuracy at step 0 = untrained testbed")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def copy_fig4(results: Results, figures_dir: Path) -> dict[str, Path]:
+    """The last token-weight surface of the first seed of grpo and aspo -> ``fig4_<loss>.png``."""
+    def order(path: Path) -> tuple[int, int]:
+        match = re.search(r"step(\d+)", path.name)
+        version = re.search(r"version_(\d+)", str(path))
+        return int(match.group(1)) if match else -1, int(version.group(1)) if version else -1
+
+    out = {}
+    seed = results.study.seeds[0]
+    for loss in ("grpo", "aspo"):
+        if loss not in results.study.losses:
+            continue
+        run_dir = results.study.runs_dir / run_name(loss, seed)
+        found = sorted(Path(run_dir).glob("version_*/figures/token_weights_step*.png"), key=order)
+        if found:
+            target = figures_dir / f"fig4_{loss}.png"
+            figures_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(found[-1], target)
+            out[loss] = target
+    return out
+
+
+# =========================================================================== formatting
+
+def fmt(x: float | None, pct: bool = False) -> str:
+    """3 significant digits (accuracy in % with one decimal); n/a for NaN."""
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    return f"{x:.1f}" if pct else f"{x:.3g}"
+
+
+def mean_std(values: Sequence[float], scale: float = 1.0) -> str:
+    """``mean ± std`` over seeds (sample std; ``(n=1)`` for one value; NaN dropped)."""
+    v = pd.Series(values, dtype=np.float64).dropna() * scale
+    pct = scale != 1.0
+    if v.empty:
+        return "n/a"
+    if len(v) == 1:
+        return f"{fmt(v.iloc[0], pct)} (n=1)"
+    mean, std = float(np.mean(v)), float(np.std(v, ddof=1))
+    if std < 1e-9 * max(1.0, abs(mean)):
+        std = 0.0
+    return f"{fmt(mean, pct)} ± {fmt(std, pct)}"
+
+
+def slashed(values: Sequence[float], scale: float = 1.0) -> str:
+    """Per-seed values, ``a / b / c``."""
+    return " / ".join(fmt(x * scale, scale != 1.0) for x in values)
+
+
+def markdown(table: pd.DataFrame) -> list[str]:
+    """A Markdown table (cells kept as formatted) and a blank line."""
+    return [table.to_markdown(index=False, disable_numparse=True), ""]
+
+
+def get(d: Any, *keys, default=None):
+    for k in keys:
+        if not isinstance(d, Mapping) or k not in d:
+            return default
+        d = d[k]
+    return d
+
+
+# =========================================================================== the report's sections
+
+def header_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
+    study = results.study
+    cmd = "python -m aspo_lit study" + (f" --config {show_path(study.path)}" if study.path else "")
+    lines = [
+        f"# The CPU-scale study: {study.name}",
+        "",
+        f"_Generated by `{cmd}` on {time.strftime('%Y-%m-%d %H:%M')}; do not edit by hand "
+        f"(`--report_only true` re-renders it from `{show_path(study.out_dir)}`)._",
+        "",
+        "Does the mechanism of the paper (Sec. 4-7) show up on the CPU testbed? Every loss is trained "
+        "with identical data, seeds and budget on the tiny arithmetic testbed model; nothing is tuned "
+        "per loss. This page reports what was measured; a claim that does not reproduce at this "
+        "scale is a finding about the testbed, not a statement about the paper's setting.",
+        "",
+    ]
+    return lines + ([str(study.description).strip(), ""] if study.description else [])
+
+
+def claim_line(results: Results, claim: Claim, v: Verdict) -> str:
+    study = results.study
+    metric = f"val/avg@{results.val_k}" if claim.metric == ACCURACY else claim.metric
+    stat = {"tail_mean": f"last-{study.tail_fraction:.0%} mean", "last_eval": "last evaluation",
+            "max": "max over the run"}[claim.statistic]
+    scale = 100.0 if claim.metric == ACCURACY else 1.0
+    pct, unit = scale != 1.0, " (%)" if scale != 1.0 else ""
+    missing = [x for x in (claim.higher, claim.lower) if x not in study.losses]
+    if missing:
+        return (f"* **({claim.id}) {claim.text}** ({claim.source}) — **{v.verdict}**: "
+                f"not tested: {', '.join(label(x) for x in missing)} not in this study.")
+    hi = results.per_seed(claim.higher, claim.metric, claim.statistic)
+    lo = results.per_seed(claim.lower, claim.metric, claim.statistic)
+    if v.verdict == "no data":
+        detail = f"no finished run logged `{claim.metric}` for {label(claim.higher)} and/or {label(claim.lower)}"
+    else:
+        detail = (f"`{metric}`{unit} ({stat}) {label(claim.higher)} {mean_std(hi, scale)} vs {label(claim.lower)} "
+                  f"{mean_std(lo, scale)} (n = {v.n_higher}/{v.n_lower}); difference {fmt(v.diff * scale, pct)}, "
+                  f"2×SE = {fmt(v.margin * scale, pct)}, Welch p = {fmt(v.p_value)}")
+    values = np.concatenate([hi, lo])
+    values = values[np.isfinite(values)]
+    if len(values) > 1 and values.max() == values.min():
+        detail += f" — no signal: the metric is {fmt(values[0])} in every run"
+    elif len(values) and all(math.isfinite(a) and a == b for a, b in zip(hi, lo)):
+        detail += " — the two losses gave identical values for every seed"
+    return f"* **({claim.id}) {claim.text}** ({claim.source}) — **{v.verdict}**: {detail}."
+
+
+def verdict_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
+    judged = judge(results)
+    counts = pd.Series([v.verdict for _, v in judged]).value_counts(sort=False).sort_values(ascending=False,
+                                                                                              kind="stable")
+    return ["## Verdicts per claim", "",
+            "Decision rule: for every seed, the *final* value of the metric — the mean over the last "
+            f"{results.study.tail_fraction:.0%} of the logged training steps for training metrics, the last "
+            "held-out evaluation for accuracy, and the maximum over the run for the grad norm of "
+            "claim 7 — then the difference of the two losses' means over seeds. **supported** when "
+            "it is in the claimed direction and larger than 2 × the pooled standard error "
+            "(pooled variance, SE = s_p·√(1/n₁ + 1/n₂)); **not supported** when it is in the opposite "
+            "direction by that margin; **inconclusive** otherwise (and with fewer than 2 seeds). "
+            "Each line also gives the two-sided p-value of Welch's t-test (unequal variances) of the "
+            "same difference, as information: the 2·SE rule decides, and no correction for the "
+            "number of claims is applied.", "",
+            "Summary: " + ", ".join(f"{n} {w}" for w, n in counts.items()) + f" (of {len(judged)} claim lines).", "",
+            *(claim_line(results, claim, v) for claim, v in judged), ""]
+
+
+def dynamics_table(results: Results) -> pd.DataFrame:
+    """Per loss: first → last ``tail_fraction`` of each DYNAMICS metric, grad norm mean and max,
+    and the runs' health verdicts (mean ± std over seeds)."""
+    columns = {f"{m} head": (m, "head_mean") for m in DYNAMICS} | {f"{m} tail": (m, "tail_mean") for m in DYNAMICS}
+    columns |= {"train/grad_norm mean": ("train/grad_norm", "mean"), "train/grad_norm max": ("train/grad_norm", "max")}
+    summary = results.by_seed(columns).groupby(level="loss", sort=False).agg(mean_std)
+    health = results.runs[results.runs["kind"] == "fit"].fillna({"health": "n/a"}).groupby("loss")["health"].agg(
+        lambda h: ", ".join(f"{n}× {w}" for w, n in h.value_counts().sort_index().items()))
+    table = pd.DataFrame({"loss": [label(loss) for loss in summary.index]})
+    for m in DYNAMICS:
+        table[m] = (summary[f"{m} head"] + " → " + summary[f"{m} tail"]).to_numpy()
+    for name in ("train/grad_norm mean", "train/grad_norm max"):
+        table[name] = summary[name].to_numpy()
+    table["health"] = health.reindex(summary.index).to_numpy()
+    return table
+
+
+def regime_lines(results: Results) -> list[str]:
+    """How far off-policy the updates were: the range of the per-step mean IS ratios and the
+    largest dual-clip fractions over all finished runs (what the losses can differ on)."""
+    keys = ("ratio/pos_mean", "ratio/neg_mean", "clip/pos_dual", "clip/neg_dual")
+    m = results.metrics
+    spans = m[m["run"].isin(results.fit_names) & m["metric"].isin(keys)].groupby("metric")["value"].agg(["min", "max"])
+    if not {"ratio/pos_mean", "ratio/neg_mean"} & set(spans.index):
+        return []
+
+    def span(key: str) -> str:
+        return f"[{fmt(spans.at[key, 'min'])}, {fmt(spans.at[key, 'max'])}]" if key in spans.index else "[n/a, n/a]"
+
+    text = ("Off-policy regime, over every step of every run: the mean IS ratio of the A > 0 tokens "
+            f"(`ratio/pos_mean`) stayed within {span('ratio/pos_mean')}, of the A < 0 tokens (`ratio/neg_mean`) "
+            f"within {span('ratio/neg_mean')}")
+    dual = [k for k in ("clip/pos_dual", "clip/neg_dual") if k in spans.index]
+    if dual:
+        text += ("; the largest share of dual-clipped tokens in a step was "
+                 + ", ".join(f"{fmt(spans.at[k, 'max'])} (`{k}`)" for k in dual))
+    return [text + ".", ""]
+
+
+def profile_lines(results: Results) -> list[str]:
+    """The profile's measured properties (the protocol's targets), from the runs themselves."""
+    first = results.by_seed({"entropy": ("train/entropy", "first"), "length": ("response/length_mean", "first")})
+    entropy = first["entropy"].dropna()
+    if entropy.empty:
+        return []
+    peaks = results.by_seed({"peak": ("clip/pos_high", "max")})["peak"].groupby(level="loss", sort=False).agg(
+        [slashed, lambda p: f"{int((p >= 0.05).sum())} of {int(p.notna().sum())}"])
+    table = pd.DataFrame({"loss": [label(loss) for loss in peaks.index],
+                          "max `clip/pos_high` per seed": peaks.iloc[:, 0].to_numpy(),
+                          "runs reaching 5 %": peaks.iloc[:, 1].to_numpy()})
+    return [f"Profile properties measured in these runs: the first rollout batch's mean token entropy "
+            f"(`train/entropy`) {mean_std(entropy)} nats (target ≥ 0.5), its mean "
+            f"response length {mean_std(first['length'])} tokens (target 80–300) "
+            f"over {len(entropy)} runs. The share of A > 0 tokens with r > 1 + ε "
+            "(`clip/pos_high`), maximum over the steps of a run (target ≥ 5 % at some step):", "",
+            *markdown(table)]
+
+
+def per_seed_table(results: Results) -> pd.DataFrame:
+    """The per-seed values entering the verdicts."""
+    columns = [("train/entropy", "tail_mean", 1.0), ("train/repetition_rate", "tail_mean", 1.0),
+               ("clip/pos_high", "tail_mean", 1.0), ("train/kl", "tail_mean", 1.0),
+               ("train/grad_norm", "max", 1.0), (ACCURACY, "last_eval", 100.0)]
+    table = pd.DataFrame({"loss": [label(loss) for loss in results.study.losses]})
+    for metric, statistic, scale in columns:
+        name = f"{metric if metric != ACCURACY else results.accuracy_key} ({'max' if statistic == 'max' else 'final'})"
+        table[name] = [slashed(results.per_seed(loss, metric, statistic), scale) for loss in results.study.losses]
+    return table
+
+
+def dynamics_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
+    study = results.study
+    lines = ["## Training dynamics (Fig. 2 style)", ""]
+    if "overlays" in figures:
+        lines += [f"![Fig. 2-style overlays]({os.path.relpath(figures['overlays'], study.report.parent)})", "",
+                  f"One line per loss: the mean over seeds {study.seeds}, the band ± 1 std over seeds. "
+                  f"Training curves are smoothed per seed with an EMA of weight {study.smooth:g} for "
+                  "display (the grad norm is raw; the verdicts use the raw values). Held-out accuracy starts at "
+                  "the untrained model's accuracy (step 0, the `validate` run of the same seed). The grad-norm panel "
+                  "is Fig. 8's quantity (ASPO with vs without dual clip).", ""]
+    lines += ["Final values (mean ± std over seeds; first → last "
+              f"{study.tail_fraction:.0%} of logged steps; grad norm: mean and max over the run):", "",
+              *markdown(dynamics_table(results)),
+              "`health` is each run's `health.json` verdict (`HealthMonitor`, App. D: healthy / watch / "
+              "collapsed).", ""]
+    lines += regime_lines(results) + profile_lines(results)
+    return lines + [f"Per-seed values entering the verdicts (seeds {' / '.join(map(str, study.seeds))}; "
+                    "accuracy in %):", "", *markdown(per_seed_table(results))]
+
+
+def fig4_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
+    lines = ["## Token-weight surfaces (Fig. 4)", ""]
+    if not (figures.get("fig4_grpo") or figures.get("fig4_aspo")):
+        return lines + ["No token-weight figure was found (grpo/aspo not in the study or not run).", ""]
+    lines += [f"The last `token_weights_step*.png` of seed {results.study.seeds[0]}: the mean effective "
+              "token weight per (π_old, π) bin, A > 0 left, A < 0 right (the last window of steps only). "
+              "What the paper's Fig. 4 shows off the diagonal: GRPO's A > 0 weight grows toward "
+              "the top-left (π ≫ π_old), ASPO's flipped weight toward the bottom-right. How far "
+              "tokens get from the diagonal at all is the off-policy regime line above.", ""]
+    for loss in ("grpo", "aspo"):
+        if figures.get(f"fig4_{loss}"):
+            link = os.path.relpath(figures[f"fig4_{loss}"], results.study.report.parent)
+            lines += [f"**{label(loss)}**", "", f"![Fig. 4 {label(loss)}]({link})", ""]
+    return lines
+
+
+def accuracy_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
+    k = results.val_k
+    rows = [("initial model (testbed, before RL)", "base", "")]
+    rows += [(label(loss), loss, PAPER_TABLE4_AVG.get(loss, "")) for loss in results.study.losses]
+    acc = {loss: results.per_seed(loss, results.accuracy_key, "last_eval") for _, loss, _ in rows}
+    table = pd.DataFrame({
+        "model": [name for name, _, _ in rows],
+        f"avg@{k}": [mean_std(acc[loss], 100) for _, loss, _ in rows],
+        f"pass@{k}": [mean_std(results.per_seed(loss, results.pass_key, "last_eval"), 100) for _, loss, _ in rows],
+        "seeds": [str(int(np.isfinite(acc[loss]).sum())) for _, loss, _ in rows],
+        "paper Table 4 avg": [str(paper) for _, _, paper in rows]})
+    return ["## Final held-out accuracy (Table 4 style)", "",
+            f"Last evaluation of each run on the held-out arithmetic split, K = {k} samples per "
+            "problem; mean ± std over seeds, in %. The paper's Table 4 (Qwen3-4B, average over six "
+            "math benchmarks) is shown for the losses it has — a different model and task, for the "
+            "direction only.", "", *markdown(table)]
+
+
+def task(data: Mapping) -> str:
+    """The testbed task of a run's data section, in words."""
+    if data.get("ops") is not None:
+        return f"multi-step chains of {data['ops']} operations (values 0–{data.get('max_value', 99)})"
+    return f"arithmetic levels {data.get('levels')}"
+
+
+def settings_lines(results: Results) -> list[str]:
+    """The runs' settings, from the first fit run's saved config."""
+    study, cfg = results.study, results.config
+    data = get(cfg, "data", "init_args", default={}) or {}
+    model = get(cfg, "model", default={}) or {}
+    trainer = get(cfg, "trainer", default={}) or {}
+    batch, mini, epochs = data.get("batch_size"), model.get("mini_batch_size"), model.get("ppo_epochs", 1)
+    per_batch = (batch // mini) * epochs if batch and mini else None
+    lines = [
+        f"* Runs: {len(study.losses)} losses × {len(study.seeds)} seeds = {len(results.fit_names)} `fit` runs"
+        + (f" + {len(study.seeds)} `validate` runs of the untrained testbed" if study.base_eval else "")
+        + f"; every run: `trainer.max_steps={study.max_steps}` optimizer steps.",
+    ]
+    if per_batch:
+        lines += [
+            f"* Per run: {study.max_steps // per_batch} rollout batches × {batch} prompts × G = "
+            f"{data.get('group_size')} responses (≤ {data.get('max_response_length')} tokens, temperature "
+            f"{data.get('temperature')}); {per_batch} optimizer steps per rollout batch (mini-batch {mini} prompts, "
+            f"ppo_epochs {epochs}); lr {model.get('lr')}, ε = {get(model, 'loss_kwargs', 'eps_high', default='?')}, "
+            f"dual clip {get(model, 'loss_kwargs', 'dual_clip', default='?')}, KL β = {model.get('kl_coef')}.",
+            f"* Data: {task(data)}, {data.get('num_train')} training problems; "
+            f"held-out evaluation on {data.get('num_val')} problems × K = {data.get('val_k')} samples at "
+            f"temperature {data.get('val_temperature')}, every {trainer.get('val_check_interval')} rollout "
+            f"batches and at the end. A logged step (the figures' x axis) is one rollout batch."]
+    path = model.get("model_name_or_path")
+    if path:
+        folder = Path(str(path)).is_dir()
+        meta = read_json(Path(path) / "testbed.json") if folder else {}
+        extra = (f" ({meta.get('num_parameters', 0) / 1e6:.2f}M parameters, warm-started for "
+                 f"{meta.get('sft_steps')} SFT steps)") if meta else ""
+        lines.append(f"* Model: `{show_path(path) if folder else path}`{extra}, the same folder for every run.")
+    if study.executor == "slurm":
+        lines.append(f"* Parallelism: a SLURM job array, {study.jobs} runs at a time, {study.threads_per_job} "
+                     "thread(s) each (`OMP_NUM_THREADS`).")
+    else:
+        lines.append(f"* Parallelism: {study.jobs} runs at a time, {study.threads_per_job} thread(s) each "
+                     f"(`OMP_NUM_THREADS`), on a machine with {os.cpu_count()} cores.")
+    return lines
+
+
+def timing_lines(results: Results) -> list[str]:
+    """Measured wall times, response lengths and per-batch timings."""
+    fits = results.runs[(results.runs["kind"] == "fit") & (results.runs["wall_s"].fillna(0) > 0)]
+    per_run = results.stats.reindex(pd.MultiIndex.from_product(
+        [results.fit_names, ["timing/step_s", "timing/rollout_s", "response/length_mean", "response/length_max"]]))
+    means = per_run["mean"].groupby(level=1).agg("mean")
+    lines = []
+    if len(fits):
+        walls = fits["wall_s"].astype(float) / 60
+        by_loss = walls.groupby(fits["loss"]).mean().reindex(results.study.losses).dropna()
+        lines.append(f"* Measured wall time per `fit` run: mean {walls.mean():.1f} min "
+                     f"(min {walls.min():.1f}, max {walls.max():.1f}); per loss: "
+                     + ", ".join(f"{label(k)} {v:.1f}" for k, v in by_loss.items()) + " min.")
+    if pd.notna(means.get("response/length_mean")):
+        longest = per_run["max"].xs("response/length_max", level=1).max()
+        lines.append(f"* Measured response length: {means['response/length_mean']:.1f} tokens on average, longest "
+                     f"{fmt(longest)} (`response/length_mean`, `response/length_max`).")
+    if pd.notna(means.get("timing/step_s")) and pd.notna(means.get("timing/rollout_s")):
+        lines.append(f"* Mean time per rollout batch: generation {means['timing/rollout_s']:.1f} s "
+                     f"(`timing/rollout_s`) + old log-probs and updates {means['timing/step_s']:.1f} s "
+                     "(`timing/step_s`).")
+    if results.invocations:
+        total = sum(inv.get("wall_s", 0.0) for inv in results.invocations)
+        loads = [inv.get("load_start") for inv in results.invocations if inv.get("load_start") is not None]
+        lines.append(
+            f"* Measured wall time of the study: {total / 60:.1f} min over {len(results.invocations)} "
+            f"invocation(s) of `python -m aspo_lit study` (load average at start: "
+            + ", ".join(f"{x:.1f}" for x in loads) + ").")
+    return lines
+
+
+def budget_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
+    return ["## Budget and wall time", "", *settings_lines(results), *timing_lines(results), ""]
+
+
+def runs_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
+    lines = ["## Runs", "",
+             f"Runs, logs and markers under `{show_path(results.study.out_dir)}` "
+             "(`runs/<name>/version_*/metrics.csv`, `logs/<name>.log`).", ""]
+    problems = results.runs[results.runs["status"] != "done"]
+    if problems.empty:
+        return lines + [f"All {len(results.runs)} runs finished.", ""]
+    for name, run in problems.iterrows():
+        if run["status"] == "failed":
+            lines.append(f"* `{name}`: **failed** (exit {run['rc']}), log `{run['log']}`")
+        else:
+            lines.append(f"* `{name}`: {run['status']} (not finished, left out of the figures and verdicts; "
+                         "rerun the study to resume it)")
+    return lines + [""]
+
+
+SECTIONS: tuple[Callable[[Results, Mapping[str, Path]], list[str]], ...] = (
+    header_section, verdict_section, dynamics_section, fig4_section, accuracy_section, budget_section, runs_section)
+
+
+def render_report(results: Results, figures: Mapping[str, Path]) -> str:
+    """The Markdown report (figures given as paths; links are written relative to the report)."""
+    return "\n".join(line for section in SECTIONS for line in section(results, figures))
+
+
+def write_report(study: Study, echo=print) -> Path:
+    results = collect(study)
+    figures: dict[str, Path] = {}
+    study.figures_dir.mkdir(parents=True, exist_ok=True)
+    if len(results.metrics):
+        figures["overlays"] = plot_overlays(results, study.figures_dir / "figure2_overlays.png")
+    figures.update({f"fig4_{k}": v for k, v in copy_fig4(results, study.figures_dir).items()})
+    study.report.parent.mkdir(parents=True, exist_ok=True)
+    study.report.write_text(render_report(results, figures))
+    echo(f"[study] report: {study.report}")
+    for claim, v in judge(results):
+        echo(f"[study]   ({claim.id}) {v.verdict:<13} {claim.text}")
+    return study.report
