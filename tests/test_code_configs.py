@@ -43,7 +43,7 @@ def test_code_configs_compose_on_the_math_run(capsys, configs, loss, name, model
     # the paper's shared recipe comes from conf/aspo.yaml: 64 prompts, G = 16 at T = 1.0, lr 1e-6
     assert (data["batch_size"], data["group_size"], data["temperature"]) == (64, 16, 1.0)
     assert cfg["model"]["lr"] == 1e-6 and data["max_response_length"] == max_response
-    assert data["sandbox"] == "bwrap" and data["train_files"].endswith("deepcoder_lcb.jsonl")
+    assert data["sandbox"] == "bwrap" and data["train_files"] == "agentica-org/DeepCoder-Preview-Dataset:lcbv5"
 
 
 def test_tiny_code_configs_compose(capsys):
