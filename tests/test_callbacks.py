@@ -22,7 +22,7 @@ from aspo_lit.callbacks import (
     DiagnosticsProgressBar, EntropyMonitor, HealthMonitor, RepetitionDiagnostic, TokenWeightSurface,
     TrainingStats, assess_health, bin_token_weights, ngram_stats, weighted_mean,
 )
-from aspo_lit.figures import main as figure2_cli
+from aspo_lit.__main__ import main as aspo_lit_main
 from aspo_lit.figures import plot_figure2, read_metrics
 from aspo_lit.callbacks.token_weights import Reservoir
 
@@ -202,17 +202,27 @@ def test_training_stats_values(tmp_path):
 
 
 def test_health_callback_logs_status_and_writes_json(tmp_path):
-    trainer = fit(tmp_path, [HealthMonitor(interval=1, window=2), DiagnosticsProgressBar()],
-                  enable_progress_bar=True)
-    assert last_logged(trainer.log_dir)["health/status"] == 1.0   # clip/pos_high 0.25 > 0.02
+    trainer = fit(tmp_path, [TrainingStats(), EntropyMonitor(), HealthMonitor(interval=1, window=2),
+                             DiagnosticsProgressBar()], enable_progress_bar=True)
+    logged = last_logged(trainer.log_dir)
+    assert logged["health/status"] == 1.0   # clip/pos_high 0.25 > 0.02
     report = json.loads((Path(trainer.log_dir) / "health.json").read_text())
     assert report["verdict"] == "watch" and "clip ratio persistently high" in report["reason"]
     assert report["steps_seen"] == 3
     assert report["last"]["train/entropy"] == pytest.approx(TOKEN_ENTROPY)
     assert report["last"]["clip/pos_high"] == pytest.approx(0.25)
+    for key in ("train/entropy", "train/reward_mean", "clip/pos_high", "train/kl"):  # what was logged
+        assert report["last"][key] == logged[key], key
     bar = trainer.progress_bar_callback
     assert isinstance(bar, DiagnosticsProgressBar)
     assert bar.get_metrics(trainer, trainer.lightning_module)["health"] == "watch"
+
+
+@pytest.mark.parametrize("callbacks", [[HealthMonitor()], [HealthMonitor(), TrainingStats(), EntropyMonitor()],
+                                       [EntropyMonitor(), HealthMonitor(), TrainingStats()]])
+def test_health_monitor_needs_its_sources_before_it(tmp_path, callbacks):
+    with pytest.raises(ValueError, match="before it in trainer.callbacks"):
+        fit(tmp_path, callbacks)
 
 
 def test_token_weight_surface_saves_figures(tmp_path):
@@ -297,7 +307,7 @@ def test_figure2_renders_png_and_svg_from_fixture(tmp_path):
     assert Path(paths[0]).read_bytes()[:4] == b"\x89PNG" and b"<svg" in Path(paths[1]).read_bytes()[:500]
     metrics = read_metrics(str(FIXTURE))
     assert len(metrics["val/avg@4"][0]) == 3 and len(metrics["train/entropy"][0]) == 30
-    figure2_cli([str(FIXTURE), "--out", str(tmp_path / "cli"), "--labels", "fixture"])
+    assert aspo_lit_main(["figure2", f"[{FIXTURE}, {FIXTURE}]", "--out", str(tmp_path / "cli"), "--labels", "[a, b]"]) == 0
     assert (tmp_path / "cli.png").exists() and (tmp_path / "cli.svg").exists()
 
 
@@ -325,6 +335,8 @@ def test_reductions_across_two_ranks_are_weighted(tmp_path):
         assert logged[key] == pytest.approx(value, rel=1e-6), key
     assert logged["perf/tokens_per_s"] == pytest.approx(10 / logged["timing/step_s"], rel=1e-4)
     log_dir = next(tmp_path.rglob("metrics.csv")).parent
-    assert (log_dir / "health.json").exists()
+    health = json.loads((log_dir / "health.json").read_text())["last"]  # what HealthMonitor judged
+    for key in ("train/entropy", "clip/pos_high", "train/kl", "train/reward_mean"):
+        assert health[key] == pytest.approx(expected[key], rel=1e-6), key
     assert sorted(p.name for p in (log_dir / "figures").glob("*.png")) == ["token_weights_step1.png",
                                                                          "token_weights_step2.png"]

@@ -25,6 +25,7 @@ a reduction. Side effects (figures, files, warnings) belong on rank 0 only (``tr
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Optional, Union
 
 import lightning.pytorch as pl
@@ -97,7 +98,14 @@ def global_max(values: Any, *, trainer: Optional[pl.Trainer] = None) -> Tensor:
 
 
 def resolve_log_dir(trainer: pl.Trainer) -> str:
-    """The run's log folder. ``trainer.log_dir`` is a collective: call this on every rank."""
+    """The run's log folder: ``trainer.log_dir`` (CSV and TensorBoard loggers), else
+    ``<save_dir>/<name>/<version>`` of a logger that has no folder of its own (W&B: project, run
+    id), so that every run writes its figures and ``health.json`` apart. A collective: call this on
+    every rank."""
+    logger = trainer.logger
+    if logger is not None and getattr(logger, "log_dir", None) is None and logger.save_dir:
+        path = str(Path(logger.save_dir) / str(logger.name) / str(logger.version)) if trainer.is_global_zero else None
+        return trainer.strategy.broadcast(path)
     return trainer.log_dir or trainer.default_root_dir
 
 

@@ -1,29 +1,82 @@
-"""RunSummary: at the end of fit, say what was trained and where its logs, figures and checkpoints are."""
+"""RunSummary: at the end of fit, say what was trained and where its logs, figures and checkpoints are.
+
+The summary reads the run's scalars back from whichever local logger wrote them (``CSVLogger``'s
+``metrics.csv`` or ``TensorBoardLogger``'s event files, :func:`aspo_lit.figures.read_metrics`),
+draws Fig. 2 from them and hands the figure to every logger that takes images
+(:func:`aspo_lit.figures.log_figure`). A W&B-only run has nothing local to read: the summary names
+its ``wandb:`` path, which ``python -m aspo_lit figure2`` reads online.
+
+This module also holds the two measures Lightning's ``ThroughputMonitor`` needs for a rollout
+batch (``batch_size_fn``, ``length_fn``; the opt-in ``conf/loggers/throughput.yaml`` names them):
+:func:`rollout_responses` and :func:`rollout_tokens`.
+"""
 
 from __future__ import annotations
 
-import csv
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch import Callback
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from aspo_lit.callbacks.base import resolve_log_dir
+from aspo_lit.figures import log_figure, plot_figure2, read_metrics
+from aspo_lit.rollout import RolloutBatch
 
 
-def _metric_series(metrics_csv: Path, key: str) -> list[float]:
-    if not metrics_csv.exists():
-        return []
-    with metrics_csv.open() as handle:
-        return [float(row[key]) for row in csv.DictReader(handle) if row.get(key) not in (None, "")]
+def rollout_responses(batch: Any) -> int:
+    """``ThroughputMonitor(batch_size_fn=...)``: the responses in a batch (this rank's rows).
+
+    A training batch is a :class:`~aspo_lit.rollout.RolloutBatch` (G responses per prompt); a
+    validation batch is the DataModule's graded ``{"correct": [P, K]}`` (K samples per prompt).
+    """
+    if isinstance(batch, RolloutBatch):
+        return batch.num_rows
+    if isinstance(batch, dict) and "correct" in batch:
+        return int(batch["correct"].numel())
+    raise TypeError(f"rollout_responses: expected a RolloutBatch or a graded validation batch, got {type(batch)}")
 
 
-def _first_last(values: list[float]) -> str:
-    return f"{values[0]:.3f} -> {values[-1]:.3f}" if values else "n/a"
+def rollout_tokens(batch: Any) -> int:
+    """``ThroughputMonitor(length_fn=...)``: the prompt + response tokens of a training batch (the
+    real tokens its forward passes read, as verl's ``perf/throughput`` counts them).
+
+    A validation batch carries only its grades, no tokens: it counts one item per response, so
+    ``validate/device/items_per_sec`` is responses per second (``ThroughputMonitor`` needs the
+    items of a batch to be at least its samples).
+    """
+    if isinstance(batch, RolloutBatch):
+        return int(batch.attention_mask.sum().item())
+    return rollout_responses(batch)
+
+
+def metrics_source(trainer) -> tuple[str | None, str]:
+    """``(what read_metrics reads, its kind)`` for the first local logger of ``trainer``."""
+    for logger in trainer.loggers:
+        if isinstance(logger, CSVLogger):
+            return os.path.join(logger.log_dir, "metrics.csv"), "CSV"
+        if isinstance(logger, TensorBoardLogger):
+            return logger.log_dir, "TensorBoard"
+    return None, ""
+
+
+def _wandb_path(trainer) -> str | None:
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            path = getattr(logger.experiment, "path", None)
+            return f"wandb:{path}" if path else None
+    return None
+
+
+def _first_last(series: dict, key: str) -> str:
+    values = series.get(key, ((), ()))[1]
+    return f"{values[0]:.3f} -> {values[-1]:.3f}" if len(values) else "n/a"
 
 
 class RunSummary(Callback):
-    """Prints a short report (rank 0) when fit ends or is interrupted."""
+    """Prints a short report (rank 0) when fit ends or is interrupted, and draws Fig. 2."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         self.log_dir = Path(resolve_log_dir(trainer))  # a collective: every rank calls it
@@ -32,32 +85,44 @@ class RunSummary(Callback):
         if not trainer.is_global_zero:
             return
         log_dir = self.log_dir
-        metrics_csv = log_dir / "metrics.csv"
-        for logger in trainer.loggers:
+        for logger in trainer.loggers:  # flush: the CSV file and the event files are read below
             save = getattr(logger, "save", None)
             if callable(save):
                 save()
+        source, kind = metrics_source(trainer)
+        series, unreadable = {}, ""
+        if source is not None and os.path.exists(source):
+            try:
+                series = read_metrics(source)
+            except ImportError as err:  # a TensorBoard run written through tensorboardX alone
+                unreadable = str(err)
         val_keys = [k for k in trainer.callback_metrics if k.startswith("val/avg@")]
         lines = [
             "",
             "=" * 72,
             f"aspo-lit: trained {pl_module.hparams.model_name_or_path} with loss "
             f"'{pl_module.hparams.loss_name}' for {trainer.global_step} optimizer steps",
-            f"  reward mean      {_first_last(_metric_series(metrics_csv, 'train/reward_mean'))}",
-            f"  entropy          {_first_last(_metric_series(metrics_csv, 'train/entropy'))}",
+            f"  reward mean      {_first_last(series, 'train/reward_mean')}",
+            f"  entropy          {_first_last(series, 'train/entropy')}",
         ]
-        lines += [f"  {k:<16} {_first_last(_metric_series(metrics_csv, k))}" for k in val_keys]
+        lines += [f"  {k:<16} {_first_last(series, k)}" for k in val_keys]
         figures = log_dir / "figures"
-        if metrics_csv.exists():
-            from aspo_lit.figures import plot_figure2
-
-            plot_figure2([str(log_dir)], str(figures / "figure2"), labels=[pl_module.hparams.loss_name])
+        if series:
+            paths = plot_figure2([source], str(figures / "figure2"), labels=[pl_module.hparams.loss_name])
+            log_figure(trainer, "figures/figure2", paths[0])
         health = log_dir / "health.json"
         if health.exists():
             verdict = json.loads(health.read_text())
             lines.append(f"  health           {verdict.get('verdict')}: {verdict.get('reason')}")
+        if source is not None:
+            lines.append(f"  {f'metrics ({kind})':<16} {source}")
+        if unreadable:
+            lines.append(f"  (not read: {unreadable})")
+        wandb_path = _wandb_path(trainer)
+        if wandb_path:
+            lines.append(f"  metrics (W&B)    {wandb_path}  (python -m aspo_lit figure2 {wandb_path}: online; "
+                         "an offline run after `wandb sync`)")
         lines += [
-            f"  metrics (CSV)    {metrics_csv}",
             f"  figures          {figures}  (figure2.png: Fig. 2 panels; token_weights_*.png: Fig. 4)",
             f"  config           {log_dir / 'config.yaml'}",
         ]

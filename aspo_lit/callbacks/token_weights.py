@@ -10,8 +10,10 @@ largest where π < π_old. For A < 0 both behave like Fig. 4(c).
 diagnostics (``exp(old_logprobs)``, ``exp(logprobs)``, ``token_weight``; tokens with A = 0 carry no
 gradient and are skipped) into a bounded reservoir, and every ``every_n_steps`` steps and at the
 end of fit saves ``<log_dir>/figures/token_weights_step{N}.png`` (and the binned grids as ``.npz``):
-two heat maps of the mean weight per (π_old, π) bin. Rank 0 only, from rank 0's tokens: the figure
-is a picture of a sample, no collective is involved.
+two heat maps of the mean weight per (π_old, π) bin, ``N`` the optimizer step. Each PNG also goes
+to every logger that takes images (:func:`aspo_lit.figures.log_figure`: TensorBoard's Images tab,
+W&B) under the tag ``figures/token_weights``, at the logger's step. Rank 0 only, from rank 0's
+tokens: the figure is a picture of a sample, no collective is involved.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from aspo_lit.callbacks.base import resolve_log_dir
+from aspo_lit.figures import log_figure
 
 
 def bin_token_weights(pi_old: Any, pi: Any, weight: Any, bins: int = 20) -> tuple[np.ndarray, np.ndarray]:
@@ -97,7 +100,8 @@ def plot_token_weights(samples: np.ndarray, path: str, bins: int = 20,
 
 
 class TokenWeightSurface(Callback):
-    """Saves the Fig. 4 token-weight surface every ``every_n_steps`` steps and at the end of fit.
+    """Saves the Fig. 4 token-weight surface every ``every_n_steps`` steps and at the end of fit,
+    and hands it to the run's image-taking loggers (TensorBoard, W&B).
 
     Args:
         every_n_steps: steps per window (samples are reset after each figure).
@@ -151,5 +155,6 @@ class TokenWeightSurface(Callback):
         title = f"{name}: effective token weight, step {step}"
         grids = plot_token_weights(self.reservoir.sample(), path, self.bins, title)
         np.savez(path[:-4] + ".npz", **grids)
+        log_figure(trainer, "figures/token_weights", path)
         self.saved.append(path)
         self.reservoir.clear()
