@@ -1,4 +1,4 @@
-"""Rollout overhead of the DataModule over the raw engine, on the testbed model (ISSUE 4 benchmark).
+"""Rollout overhead of the DataModule over the raw engine, on the testbed model.
 
     python perf/bench_datamodule.py [--engine hf|vllm] [--batches 5]
 

@@ -2,7 +2,7 @@
 
     python perf/bench_losses.py [--batch 256] [--length 4096] [--repeats 7]
 
-Prints one line per loss and the aspo/grpo ratio (issue 3: within 1.3x). The losses are timed
+Prints one line per loss and the aspo/grpo ratio (target: within 1.3x). The losses are timed
 round-robin and each reports its fastest call, so load from other processes on a shared machine
 skews them all alike rather than whichever ran during a spike.
 """

@@ -1,4 +1,4 @@
-"""Diagnostics callbacks (issue 6): definitions on hand-made inputs, metric values through a real
+"""Diagnostics callbacks: definitions on hand-made inputs, metric values through a real
 Trainer + CSVLogger on synthetic step diagnostics, health verdicts, the Fig. 4 binning direction,
 Fig. 2 from a fixture log, and rank-correct reductions with 2 CPU processes (gloo)."""
 
