@@ -64,16 +64,6 @@ def find_metrics_source(run: str) -> str:
     return csv_path if os.path.isfile(csv_path) else folder
 
 
-def find_metrics_csv(run: str) -> str:
-    """The run's ``metrics.csv`` (the run itself if a file, else the newest one below it)."""
-    if os.path.isfile(run):
-        return run
-    found = glob.glob(os.path.join(glob.escape(run), "**", "metrics.csv"), recursive=True)
-    if not found:
-        raise FileNotFoundError(f"no metrics.csv under {run}")
-    return max(found, key=os.path.getmtime)
-
-
 def read_metrics(path: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{metric: (steps, values)}`` of one run, in logging order; non-finite values are skipped.
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import configparser
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,8 +95,14 @@ def test_readme_layout_names_the_tree():
 def test_wheel_carries_the_configs(tmp_path):
     """A non-editable install (a wheel, no checkout around it) resolves `conf/...` to the configs
     shipped inside the package, so `python -m aspo_lit fit --config conf/aspo.yaml` works."""
+    source = tmp_path / "source"   # a copy: setuptools writes build/ into the tree it builds
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    for name in (*PACKAGES, "conf"):
+        shutil.copytree(REPO / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path / "dist"), str(REPO)], check=True, timeout=300,
+                    "-w", str(tmp_path / "dist"), str(source)], check=True, timeout=300,
                    capture_output=True)
     wheel = next((tmp_path / "dist").glob("aspo_lit-*.whl"))
     site = tmp_path / "site"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from aspo_lit.testbed.build import PROFILES, build_testbed
-from aspo_lit.testbed.code import DEFAULT_DIR, build_code_testbed
+from aspo_lit.testbed.code import DEFAULT_DIR, CodeTestbedConfig, build_code_testbed
 
 CODE_PROFILE = "testbed-code"
 
@@ -26,15 +26,14 @@ def build(profile: str = "testbed", overrides: dict[str, Any] | None = None, see
         force: rebuild even if cached.
         quiet: no build progress on stderr.
     """
+    changes = {**(overrides or {}), **({} if seed is None else {"seed": seed})}
     if profile == CODE_PROFILE:
-        from aspo_lit.testbed.code import CodeTestbedConfig
-
-        config = dataclasses.replace(CodeTestbedConfig(), **(overrides or {}), **({} if seed is None else {"seed": seed}))
         out = Path(cache_dir) / CODE_PROFILE if cache_dir else DEFAULT_DIR
-        path = build_code_testbed(config, out=out, force=force, verbose=not quiet)
+        path = build_code_testbed(dataclasses.replace(CodeTestbedConfig(), **changes), out=out, force=force,
+                                  verbose=not quiet)
     elif profile in PROFILES:
-        config = dataclasses.replace(PROFILES[profile], **(overrides or {}), **({} if seed is None else {"seed": seed}))
-        path = build_testbed(config, cache_dir=cache_dir, force=force, verbose=not quiet)
+        path = build_testbed(dataclasses.replace(PROFILES[profile], **changes), cache_dir=cache_dir, force=force,
+                             verbose=not quiet)
     else:
         raise ValueError(f"profile: unknown testbed {profile!r}; expected one of {sorted([*PROFILES, CODE_PROFILE])}")
     meta = json.loads((path / "testbed.json").read_text())
