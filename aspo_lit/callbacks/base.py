@@ -14,10 +14,10 @@ W&B all receive it, at the trainer's ``log_every_n_steps``).
 
 Under DDP/FSDP every rank holds a different slice of the rollout batch, so a metric must be
 reduced across ranks *before* it is logged: means weighted by their token or response counts
-(never a mean of per-rank means), maxima as maxima. The helpers below do that with torchmetrics'
-aggregation metrics (``MeanMetric`` with weights, ``MaxMetric``, ``SumMetric``), whose ``compute``
-syncs their states over the process group; with ``trainer=None`` or a single process they reduce
-locally. A NaN stays NaN (a rank's NaN statistic makes the global value NaN). Every rank must call
+(never a mean of per-rank means), maxima as maxima. The helpers below do that with one torchmetrics
+``Metric`` per call (:class:`RankReduction`: the call's values as one vector state, synced over the
+process group on ``compute``, a single collective); with ``trainer=None`` or a single process they
+reduce locally. A NaN stays NaN (a rank's NaN statistic makes the global value NaN). Every rank must call
 the same helpers in the same order (they are collectives): never branch on rank-local data before
 a reduction. Side effects (figures, files, warnings) belong on rank 0 only (``trainer.is_global_zero``).
 """
@@ -32,7 +32,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
-from torchmetrics.aggregation import BaseAggregator, MaxMetric, MeanMetric, SumMetric
+from torchmetrics import Metric
 
 Number = Union[float, int, Tensor]
 
@@ -45,40 +45,57 @@ def _as_tensor(x: Any, trainer: Optional[pl.Trainer]) -> Tensor:
     return torch.as_tensor(x.detach() if isinstance(x, Tensor) else x, dtype=dtype, device=device)
 
 
-def _reduce(aggregator: type[BaseAggregator], trainer: Optional[pl.Trainer], *args: Tensor) -> Tensor:
-    """An ``aggregator`` updated with this rank's ``args``, computed over all ranks."""
-    # nan_strategy NaN "imputes" a NaN by NaN, i.e. keeps it ("disable" would also make MeanMetric
-    # drop its weights)
-    metric = aggregator(nan_strategy=float("nan"), sync_on_compute=trainer is not None and trainer.world_size > 1)
-    metric = metric.to(args[0].device).set_dtype(args[0].dtype)
-    metric.update(*args)
+class RankReduction(Metric):
+    """One vector reduced element-wise over all ranks by ``reduce_fx`` (``"sum"`` or ``"max"``):
+    torchmetrics syncs its one state with a single collective on ``compute``."""
+
+    full_state_update = False
+
+    def __init__(self, like: Tensor, reduce_fx: str, sync: bool) -> None:
+        super().__init__(sync_on_compute=sync)
+        self.add_state("value", default=torch.zeros_like(like), dist_reduce_fx=reduce_fx)
+
+    def update(self, value: Tensor) -> None:
+        self.value = value
+
+    def compute(self) -> Tensor:
+        return self.value
+
+
+def _reduce(local: Tensor, reduce_fx: str, trainer: Optional[pl.Trainer]) -> Tensor:
+    """``local`` (a vector) reduced element-wise over all ranks; a NaN stays NaN."""
+    metric = RankReduction(local, reduce_fx, sync=trainer is not None and trainer.world_size > 1).to(local.device)
+    metric.update(local)
     return metric.compute()
 
 
 def global_sum(values: Any, *, trainer: Optional[pl.Trainer] = None) -> Tensor:
-    """Element-wise sum of ``values`` over all ranks (a ``SumMetric`` per element)."""
+    """Element-wise sum of ``values`` over all ranks (one collective)."""
     t = _as_tensor(values, trainer)
-    sums = [_reduce(SumMetric, trainer, x) for x in t.reshape(-1)]
-    return torch.stack(sums).reshape(t.shape) if sums else t
+    return _reduce(t.reshape(-1), "sum", trainer).reshape(t.shape)
 
 
 def weighted_means(
     pairs: Mapping[str, tuple[Any, Any]], *, trainer: Optional[pl.Trainer] = None
 ) -> dict[str, Tensor]:
-    """``{name: Σ_ranks Σ w·v / Σ_ranks Σ w}`` for ``{name: (values, weights)}``, a weighted
-    ``MeanMetric`` each.
+    """``{name: Σ_ranks Σ w·v / Σ_ranks Σ w}`` for ``{name: (values, weights)}``, one collective.
 
     ``weights=None`` weighs every element 1 (a per-response mean when ``values`` is ``[N]``).
     Elements of weight 0 are left out (a NaN stat of an empty slice does not poison the mean); a
     name whose total weight is 0 on every rank comes back NaN (undefined, not 0).
     """
-    means = {}
-    for name, (values, weights) in pairs.items():
+    if not pairs:
+        return {}
+    sums = []
+    for values, weights in pairs.values():
         v = _as_tensor(values, trainer).reshape(-1)
         w = torch.ones_like(v) if weights is None else _as_tensor(weights, trainer).reshape(-1)
         v, w = torch.broadcast_tensors(v, w)
-        means[name] = _reduce(MeanMetric, trainer, v[w != 0], w[w != 0])
-    return means
+        kept = w != 0
+        sums.append(torch.stack([(v[kept] * w[kept]).sum(), w[kept].sum()]))
+    total = _reduce(torch.cat(sums), "sum", trainer).reshape(-1, 2)
+    means = torch.where(total[:, 1] > 0, total[:, 0] / total[:, 1], torch.nan)
+    return dict(zip(pairs.keys(), means.unbind()))
 
 
 def weighted_mean(values: Any, weights: Any = None, *, trainer: Optional[pl.Trainer] = None) -> Tensor:
@@ -87,9 +104,15 @@ def weighted_mean(values: Any, weights: Any = None, *, trainer: Optional[pl.Trai
 
 
 def global_maxes(values: Mapping[str, Any], *, trainer: Optional[pl.Trainer] = None) -> dict[str, Tensor]:
-    """``{name: max over all elements on all ranks}``, a ``MaxMetric`` each; NaN where all are empty."""
-    maxes = {name: _reduce(MaxMetric, trainer, _as_tensor(x, trainer).reshape(-1)) for name, x in values.items()}
-    return {name: torch.where(torch.isneginf(m), torch.nan, m) for name, m in maxes.items()}
+    """``{name: max over all elements on all ranks}``, one collective; NaN where all are empty."""
+    if not values:
+        return {}
+    local = []
+    for x in values.values():
+        t = _as_tensor(x, trainer).reshape(-1)
+        local.append(t.max() if t.numel() else torch.tensor(-torch.inf, dtype=t.dtype, device=t.device))
+    maxes = _reduce(torch.stack(local), "max", trainer)
+    return dict(zip(values.keys(), torch.where(torch.isneginf(maxes), torch.nan, maxes).unbind()))
 
 
 def global_max(values: Any, *, trainer: Optional[pl.Trainer] = None) -> Tensor:
