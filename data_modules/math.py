@@ -160,13 +160,18 @@ class MathRLDataModule(LightningDataModule):
         module = self.trainer.lightning_module
         if self.engine is None:
             self.engine = build_engine(self._engine_spec) if isinstance(self._engine_spec, str) else self._engine_spec
+            # the engine starts from the checkpoint at model_path, not from the policy the trainer
+            # holds (restored by --ckpt_path, or trained before a validation): the first
+            # generate always pushes (_synced_step stays -1, as TRL's _last_loaded_step)
             self.engine.attach(module.policy, module.tokenizer, module.hparams.model_name_or_path)
-            self._synced_step = self.trainer.global_step
         return self.engine
 
     def _sync_weights(self, engine: RolloutEngine) -> float:
-        """Push the policy's weights once per optimizer-step change (full tensors gathered from shards)."""
-        if self._synced_step == self.trainer.global_step or getattr(engine, "shares_policy", False):
+        """Push the policy's weights when the optimizer step changed since the last push, or when
+        the engine dropped them (a level-2 sleep); full tensors gathered from the shards."""
+        if getattr(engine, "shares_policy", False):
+            return 0.0
+        if self._synced_step == self.trainer.global_step and not getattr(engine, "needs_weight_push", False):
             return 0.0
         from aspo_lit.models import named_full_tensors
 
@@ -179,6 +184,7 @@ class MathRLDataModule(LightningDataModule):
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+            self._synced_step = -1
 
     # --- rollouts -------------------------------------------------------------------------------
 

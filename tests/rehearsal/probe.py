@@ -7,8 +7,11 @@ to `out_dir`:
 * `weights/{i:03d}.pt` (rank 0): the gathered full weights before optimizer step i+1, and after the
   last step as the final file, so a replay can be compared step by step;
 * `probe_rank{r}.json`: the lr of every rollout batch, per optimizer step the largest difference
-  between the ranks' gathered weights, and after the first rollout batch which parameter tensors
-  changed and how many of the entries with a non-zero gradient changed.
+  between the ranks' gathered weights, after the first rollout batch which parameter tensors
+  changed and how many of the entries with a non-zero gradient changed, the peak host RSS of the
+  process (after the models are built, and at the end), and with a vLLM engine, after every
+  push (at the start of each rollout batch) whether the engine's weight checksum matches the
+  trainer's (`aspo_lit.rollout.checksum`), with the engine's topology and load call.
 
 `sigterm_at_batch=k` sends SIGTERM to rank 0's own process at the start of rollout batch k (a
 mid-run interruption, as a scheduler would send).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 from pathlib import Path
 
@@ -43,6 +47,30 @@ class RehearsalProbe(Callback):
         self._before: dict[str, torch.Tensor] | None = None
         self._nonzero: dict[str, torch.Tensor] = {}
         self.first_batch: dict | None = None
+        self.engine_checks: list[dict] = []
+        self.engine: dict = {}
+        self.rss_mib: dict[str, float] = {}
+
+    @staticmethod
+    def _peak_rss_mib() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def _check_engine(self, trainer, pl_module) -> None:
+        """After the push this rollout batch was sampled with: engine checksum vs the trainer's."""
+        engine = getattr(trainer.datamodule, "engine", None)
+        if engine is None or not hasattr(engine, "weights_checksum"):
+            return
+        from aspo_lit.rollout.checksum import checksum_of, weights_match
+
+        trainer_sum = checksum_of(((n, _full(t)) for n, t in pl_module.policy.state_dict().items()), engine.model_dtype)
+        ok, diff = weights_match(engine.weights_checksum(), trainer_sum, engine.model_dtype)
+        self.engine = {"topology": engine.topology, "tensor_parallel_size": engine.tensor_parallel_size,
+                       "sync_path": engine.sync_path, "load_call": engine.last_sync_info.get("load_call"),
+                       "sleep_mode": engine.enable_sleep_mode, "calls": engine.calls[-8:]}
+        self.engine_checks.append({"global_step": trainer.global_step, "match": ok, **diff})
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.rss_mib["after_configure_model"] = self._peak_rss_mib()
 
     # -- helpers ---------------------------------------------------------------------------------
     def _snapshot(self, trainer, pl_module) -> None:
@@ -72,6 +100,7 @@ class RehearsalProbe(Callback):
             torch.save(fields, folder / f"step{trainer.global_step:06d}_rank{trainer.global_rank}.pt")
         if self._before is None:
             self._before = {n: _full(p).clone() for n, p in pl_module.policy.named_parameters()}
+        self._check_engine(trainer, pl_module)
         if self.sigterm_at_batch is not None and batch_idx == self.sigterm_at_batch and trainer.is_global_zero:
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -103,7 +132,9 @@ class RehearsalProbe(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self._snapshot(trainer, pl_module)
         self.out.mkdir(parents=True, exist_ok=True)
+        self.rss_mib["end"] = self._peak_rss_mib()
         record = {"world_size": trainer.world_size, "global_step": trainer.global_step, "lrs": self.lrs,
+                  "engine": self.engine, "engine_checks": self.engine_checks, "peak_rss_mib": self.rss_mib,
                   "cross_rank_max_diff": self.cross_rank_max_diff, "first_batch": self.first_batch,
                   "warmup_steps": pl_module.hparams.warmup_steps, "lr": pl_module.hparams.lr}
         (self.out / f"probe_rank{trainer.global_rank}.json").write_text(json.dumps(record, indent=1))
