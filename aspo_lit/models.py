@@ -34,10 +34,22 @@ def load_tokenizer(name_or_path: str):
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
-def load_policy(name_or_path: str, torch_dtype: str = "float32") -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+def load_policy(name_or_path: str, torch_dtype: str | torch.dtype = "float32", *, materialize: bool = True) -> torch.nn.Module:
+    """The causal LM with its checkpoint weights, or (``materialize=False``) its architecture on the
+    meta device, holding no memory: a rank that gets its shards from rank 0
+    (`shard_and_broadcast`) never holds the full model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=_DTYPES[torch_dtype])
+    dtype = _DTYPES[torch_dtype] if isinstance(torch_dtype, str) else torch_dtype
+    path = resolve_model_path(name_or_path)
+    if materialize:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    else:
+        config = AutoConfig.from_pretrained(path)
+        if dtype == "auto":
+            dtype = getattr(config, "dtype", None) or torch.float32
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.config.use_cache = False
     return model
 
@@ -63,6 +75,28 @@ def shard_decoder_layers(model: torch.nn.Module, mesh, mp_policy=None) -> None:
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+
+
+def shard_and_broadcast(model: torch.nn.Module, mesh, mp_policy, device: torch.device) -> None:
+    """FSDP2-shard a model built with real weights on rank 0 and on the meta device elsewhere,
+    then fill every rank's shards from rank 0's weights (verl's ``fsdp2_load_full_state_dict``):
+    ``set_model_state_dict(..., full_state_dict=True, broadcast_from_rank0=True)`` sends one
+    tensor at a time, so only rank 0 ever holds the full model. Buffers outside the state dict
+    (rotary ``inv_freq``) are broadcast after."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    rank0 = dist.get_rank() == 0
+    full = model.state_dict() if rank0 else {}
+    shard_decoder_layers(model, mesh, mp_policy)
+    if rank0:
+        model.to(device)
+    else:
+        model.to_empty(device=device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del full
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

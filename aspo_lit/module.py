@@ -21,7 +21,7 @@ from aspo_lit.forward import response_logprobs
 from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
 from aspo_lit.losses import PolicyLoss, aggregate, agg_normalizer, effective_token_weight, get_policy_loss, kl_penalty
 from aspo_lit.metrics import AvgAtK, PassAtK
-from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_decoder_layers
+from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_and_broadcast, shard_decoder_layers
 from aspo_lit.rollout.batch import RolloutBatch
 from aspo_lit.sampler_mismatch import mismatch_stats, truncated_is_weights
 from aspo_lit.seeding import derived_seed
@@ -145,29 +145,44 @@ class ASPOModule(LightningModule):
     # --- model construction -------------------------------------------------------------------
 
     def configure_model(self) -> None:
-        """Load policy and frozen reference; shard each decoder layer under ModelParallelStrategy (FSDP2)."""
+        """Load policy and frozen reference; under `FSDP2Strategy` shard each decoder layer.
+
+        Sharded, only rank 0 reads the checkpoint: the other ranks build the models on the meta
+        device and receive their shards from rank 0 (`aspo_lit.models.shard_and_broadcast`), so a
+        node holds one full host copy instead of one per rank. The frozen reference is held in the
+        strategy's compute dtype (bf16 on GPU, as verl): its forward runs in that dtype under the
+        mixed-precision policy anyway, so its log-probs are the same, at half the memory.
+        """
         if self.policy is not None:
             return
-        self.policy = load_policy(self.hparams.model_name_or_path, self.hparams.torch_dtype)
-        self.policy.train()  # from_pretrained returns eval mode; HF checkpointing only runs in train mode
-        if self.hparams.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.hparams.kl_coef > 0:
-            self.ref_policy = load_policy(self.hparams.model_name_or_path, self.hparams.torch_dtype)
-            self.ref_policy.eval().requires_grad_(False)
+        hp = self.hparams
         mesh = getattr(self, "device_mesh", None)
-        if mesh is not None:
-            dp_mesh = mesh["data_parallel"]
-            world = self.trainer.world_size
-            if dp_mesh.size() != world:
-                raise ValueError(
-                    f"trainer.strategy: FSDP2 would shard over {dp_mesh.size()} of {world} processes (data parallel "
-                    f"{dp_mesh.size()} x tensor parallel {mesh['tensor_parallel'].size()}), so the other ranks would "
-                    "train independent copies; use aspo_lit.strategy.FSDP2Strategy (data parallel over every rank)")
-            mp_policy = getattr(self.trainer.strategy, "mp_policy", None)
-            shard_decoder_layers(self.policy, dp_mesh, mp_policy)
-            if self.ref_policy is not None:
-                shard_decoder_layers(self.ref_policy, dp_mesh, mp_policy)
+        if mesh is not None and mesh["data_parallel"].size() != self.trainer.world_size:
+            raise ValueError(
+                f"trainer.strategy: FSDP2 would shard over {mesh['data_parallel'].size()} of {self.trainer.world_size} "
+                f"processes (data parallel {mesh['data_parallel'].size()} x tensor parallel "
+                f"{mesh['tensor_parallel'].size()}), so the other ranks would train independent copies; use "
+                "aspo_lit.strategy.FSDP2Strategy (data parallel over every rank)")
+        sharded = mesh is not None and self.trainer.world_size > 1
+        materialize = not sharded or self.trainer.global_rank == 0
+        mp_policy = getattr(self.trainer.strategy, "mp_policy", None) if mesh is not None else None
+
+        def build(dtype):
+            # one model at a time: rank 0 never holds the full policy and the full reference together
+            model = load_policy(hp.model_name_or_path, dtype, materialize=materialize)
+            if sharded:
+                shard_and_broadcast(model, mesh["data_parallel"], mp_policy, self.trainer.strategy.root_device)
+            elif mesh is not None:
+                shard_decoder_layers(model, mesh["data_parallel"], mp_policy)
+            return model
+
+        # from_pretrained returns eval mode; HF checkpointing only runs in train mode
+        self.policy = build(hp.torch_dtype).train()
+        if hp.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hp.kl_coef > 0:
+            self.ref_policy = build(getattr(mp_policy, "param_dtype", None) or hp.torch_dtype)
+            self.ref_policy.eval().requires_grad_(False)
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(

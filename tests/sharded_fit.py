@@ -99,6 +99,18 @@ class Record(Callback):
         self.skipped: list[int] = []
         self.diagnostics: list[dict[str, float]] = []
         self.local_entropy: list[tuple[int, float]] = []
+        self.loaded: dict[str, float] = {}
+        self.loaded_buffers: dict[str, float] = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        """What every rank holds after configure_model (rank 0 loaded it; the others got shards)."""
+        self.loaded = {name: t.double().sum().item() for name, t in full_state_dict(pl_module.policy).items()}
+        if pl_module.ref_policy is not None:
+            ref = full_state_dict(pl_module.ref_policy)
+            self.loaded.update({f"ref.{n}": t.double().sum().item() for n, t in ref.items()})
+            self.ref_dtype = str(next(iter(ref.values())).dtype)
+        self.loaded_buffers = {n: b.double().sum().item() for n, b in pl_module.policy.named_buffers()}
+        self.tied = pl_module.policy.lm_head.weight is pl_module.policy.get_input_embeddings().weight
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.grad_norms.append(float(outputs["grad_norm"]))
@@ -127,6 +139,21 @@ def _inject_nan(rank: int) -> None:
     module_lib.response_logprobs = patched
 
 
+def _count_checkpoint_reads() -> dict[str, int]:
+    """Count `from_pretrained` weight loads from here on (in this process)."""
+    from transformers import AutoModelForCausalLM
+
+    count = {"n": 0}
+    original = AutoModelForCausalLM.from_pretrained.__func__
+
+    def counted(cls, *args, **kwargs):
+        count["n"] += 1
+        return original(cls, *args, **kwargs)
+
+    AutoModelForCausalLM.from_pretrained = classmethod(counted)
+    return count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -136,6 +163,7 @@ def main() -> None:
     parser.add_argument("--nan_rank", type=int, default=None,
                         help="this rank's first update log-probs are NaN (a rank-local numerical failure)")
     parser.add_argument("--loss_agg", default="seq-mean-token-mean")
+    parser.add_argument("--param_dtype", default=None, help="FSDP2Strategy param_dtype (default: none, fp32 compute)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -144,7 +172,7 @@ def main() -> None:
     if args.strategy == "fsdp2":
         from aspo_lit.strategy import FSDP2Strategy
 
-        strategy = FSDP2Strategy(param_dtype=None)
+        strategy = FSDP2Strategy(param_dtype=args.param_dtype)
     elif args.strategy == "model_parallel_default":  # Lightning's defaults: tensor parallel over the devices
         from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -160,26 +188,38 @@ def main() -> None:
                       callbacks=[TrainingStats(), EntropyMonitor(), record])
     from aspo_lit.models import load_policy
 
-    initial = {name: t.double().sum().item() for name, t in load_policy(args.model).state_dict().items()}
+    base = load_policy(args.model)
+    initial = {name: t.double().sum().item() for name, t in base.state_dict().items()}
+    initial_buffers = {name: b.double().sum().item() for name, b in base.named_buffers()}
+    initial_bf16 = {name: t.bfloat16().double().sum().item() for name, t in base.state_dict().items()}
+    reads = _count_checkpoint_reads()
     trainer.fit(module, datamodule=FixedRollouts(steps=2))
     state = full_state_dict(module.policy)
     import torch.distributed as dist
 
     per_rank = [None] * trainer.world_size
+    mine = (record.skipped, record.local_entropy, record.loaded, record.loaded_buffers, record.tied, reads["n"])
     if trainer.world_size > 1:
-        dist.all_gather_object(per_rank, (record.skipped, record.local_entropy))
+        dist.all_gather_object(per_rank, mine)
     else:
-        per_rank = [(record.skipped, record.local_entropy)]
+        per_rank = [mine]
     if trainer.is_global_zero:
         correct = val_correct()
         result = {
-            "skipped_per_rank": [skipped for skipped, _ in per_rank],
-            "local_entropy_per_rank": [local for _, local in per_rank],
+            "skipped_per_rank": [r[0] for r in per_rank],
+            "local_entropy_per_rank": [r[1] for r in per_rank],
+            "loaded_per_rank": [r[2] for r in per_rank],
+            "buffers_per_rank": [r[3] for r in per_rank],
+            "tied_per_rank": [r[4] for r in per_rank],
+            "checkpoint_reads_per_rank": [r[5] for r in per_rank],
+            "ref_dtype": getattr(record, "ref_dtype", None),
             "diagnostics": record.diagnostics,
             "val": {k: float(trainer.callback_metrics[f"val/{k}@{VAL_K}"]) for k in ("avg", "pass")},
             "val_all_problems": {"avg": correct.float().mean().item(), "pass": correct.any(1).float().mean().item()},
             "grad_norms": record.grad_norms,
             "initial_weights": initial,
+            "initial_buffers": initial_buffers,
+            "initial_weights_bf16": initial_bf16,
             "weights": {name: tensor.double().sum().item() for name, tensor in state.items()},
             "abs_weights": {name: tensor.double().abs().sum().item() for name, tensor in state.items()},
         }

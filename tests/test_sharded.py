@@ -54,6 +54,23 @@ def test_fsdp2_two_processes_match_single(tiny_model_dir, tmp_path, loss_agg):
         assert run["val"] == pytest.approx(run["val_all_problems"], abs=1e-6)
 
 
+def test_rank0_loads_and_broadcasts(tiny_tied_model_dir, tmp_path):
+    """Under FSDP2 only rank 0 reads the checkpoint; the other rank builds on the meta device and
+    gets its shards (and the rotary buffers) by broadcast. Both ranks then hold exactly the
+    checkpoint's weights, a tied LM head stays tied, and the reference is held in the compute
+    dtype (bf16 here)."""
+    result = _fit(tiny_tied_model_dir, tmp_path, 2, "fsdp2", "token-mean", "--param_dtype", "bfloat16")
+    initial = result["initial_weights"]
+    for rank, loaded in enumerate(result["loaded_per_rank"]):
+        for name, value in initial.items():
+            assert loaded[name] == value, (rank, name)
+            assert loaded[f"ref.{name}"] == result["initial_weights_bf16"][name], (rank, name)  # a bf16 copy
+        assert result["buffers_per_rank"][rank] == result["initial_buffers"], rank
+    assert result["tied_per_rank"] == [True, True]
+    assert result["checkpoint_reads_per_rank"] == [2, 0]  # policy and reference, on rank 0 only
+    assert result["ref_dtype"] == "torch.bfloat16"
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_match_single(tiny_model_dir, tmp_path):
     single = _fit(tiny_model_dir, tmp_path, 1, "single", "token-mean")
@@ -83,7 +100,8 @@ def test_token_budget_split_matches_fixed_micro_batches(tiny_model_dir, tmp_path
     of fixed micro-batches: the global normaliser makes the update independent of the split."""
     fixed = _fit(tiny_model_dir, tmp_path, 1, "single", "seq-mean-token-mean")
     budget = _fit(tiny_model_dir, tmp_path, 1, "single", "seq-mean-token-mean", "--budget", "40")
-    assert budget["grad_norms"] == pytest.approx(fixed["grad_norms"], rel=1e-6)
+    # fp32 sums in another order: 1.1e-6 relative measured on this 2-core box (a wrong normaliser is ~1e-1)
+    assert budget["grad_norms"] == pytest.approx(fixed["grad_norms"], rel=1e-5)
     for name, value in fixed["weights"].items():
         assert budget["weights"][name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
         assert budget["abs_weights"][name] == pytest.approx(fixed["abs_weights"][name], rel=1e-6), name

@@ -231,6 +231,18 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     return _finish(verdict, checks, out_root, name, t0)
 
 
+def _finish(verdict, checks, out_root, name, t0):
+    verdict["checks"] = checks
+    verdict["ok"] = all(c.get("ok") for c in checks.values())
+    verdict["wall_s"] = round(time.perf_counter() - t0, 1)
+    path = out_root / f"{name.replace('+', '_')}.json"
+    path.write_text(json.dumps(verdict, indent=1, default=str))
+    status = "PASS" if verdict["ok"] else "FAIL"
+    failed = [k for k, c in checks.items() if not c.get("ok")]
+    print(f"rehearsal {name}: {status} in {verdict['wall_s']} s {failed or ''} -> {path}", flush=True)
+    return verdict
+
+
 def _engine_in_sync(probes: list[dict], batches: int) -> dict:
     """Every rank checked the engine after every push (one per rollout batch), and it matched."""
     checks = [c for p in probes for c in p["engine_checks"]]
@@ -254,3 +266,40 @@ def _first_resumed_gap(reference: list[dict], cut: Path) -> dict:
     return {"ok": first is not None and bool(uninterrupted) and first <= bound,
             "first_resumed_logprob_diff_mean": first, "uninterrupted_max": max(uninterrupted, default=None),
             "bound": bound}
+
+
+def write_data(out_root: Path) -> None:
+    from aspo_lit.testbed.arithmetic import generate_problems
+
+    path = REPO / "runs/rehearsal/data/arith_train.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = generate_problems(64, seed=0, levels=[1, 2], split="train")
+    path.write_text("".join(json.dumps({"problem": r["problem"], "answer": r["answer"]}) + "\n" for r in rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("configs", nargs="*", help=f"default: all of {', '.join(CONFIGS)}")
+    parser.add_argument("--out", default="runs/rehearsal")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="--KEY=VALUE",
+                        help="an extra CLI override for every run (counted as an overlay key)")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(f"{k}: {' + '.join(v)}" for k, v in CONFIGS.items()))
+        return 0
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown config(s) {unknown}; choose from {', '.join(CONFIGS)}")
+    out_root = (REPO / args.out).resolve()
+    write_data(out_root)
+    verdicts = [rehearse(name, out_root, args.set) for name in (args.configs or list(CONFIGS))]
+    print("\n| config | verdict | wall s | failed checks |\n|---|---|---|---|")
+    for v in verdicts:
+        failed = ", ".join(k for k, c in v["checks"].items() if not c.get("ok")) or "-"
+        print(f"| {'+'.join(Path(c).stem for c in v['config'])} | {'PASS' if v['ok'] else 'FAIL'} | {v['wall_s']} | {failed} |")
+    return 0 if all(v["ok"] for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
