@@ -7,8 +7,9 @@ to `out_dir`:
 * `weights/{i:03d}.pt` (rank 0): the gathered full weights before optimizer step i+1, and after the
   last step as the final file, so a replay can be compared step by step;
 * `probe_rank{r}.json`: the lr of every rollout batch, per optimizer step the largest difference
-  between the ranks' gathered weights, after the first rollout batch which parameter tensors
-  changed and how many of the entries with a non-zero gradient changed, the peak host RSS of the
+  between the ranks' gathered weights, after the first rollout batch with a gradient (a batch whose
+  groups are all solved by all or none of their samples has none) which parameter tensors changed
+  and how many of the entries with a non-zero gradient changed, the peak host RSS of the
   process (after the models are built, and at the end), and with a vLLM engine, after every
   push (at the start of each rollout batch) whether the engine's weight checksum matches the
   trainer's (`aspo_lit.rollout.checksum`), with the engine's topology and load call.
@@ -47,6 +48,7 @@ class RehearsalProbe(Callback):
         self._before: dict[str, torch.Tensor] | None = None
         self._nonzero: dict[str, torch.Tensor] = {}
         self.first_batch: dict | None = None
+        self.zero_gradient_batches = 0
         self.engine_checks: list[dict] = []
         self.engine: dict = {}
         self.rss_mib: dict[str, float] = {}
@@ -98,8 +100,9 @@ class RehearsalProbe(Callback):
             folder.mkdir(parents=True, exist_ok=True)
             fields = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in vars(batch).items()}
             torch.save(fields, folder / f"step{trainer.global_step:06d}_rank{trainer.global_rank}.pt")
-        if self._before is None:
+        if self.first_batch is None:   # until a batch with gradients: the weights it starts from
             self._before = {n: _full(p).clone() for n, p in pl_module.policy.named_parameters()}
+            self._nonzero = {}
         self._check_engine(trainer, pl_module)
         if self.sigterm_at_batch is not None and batch_idx == self.sigterm_at_batch and trainer.is_global_zero:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -126,8 +129,12 @@ class RehearsalProbe(Callback):
             nz = self._nonzero.get(n)
             if nz is not None:
                 counts += torch.tensor([float(nz.sum()), float((nz & delta).sum())], dtype=torch.float64)
+        if counts[0] == 0:   # every group solved by all or none of its samples: no gradient to follow
+            self.zero_gradient_batches += 1
+            return
         self.first_batch = {"param_tensors": n_params, "param_tensors_changed": changed_tensors,
-                            "nonzero_grad_entries": float(counts[0]), "nonzero_grad_entries_changed": float(counts[1])}
+                            "nonzero_grad_entries": float(counts[0]), "nonzero_grad_entries_changed": float(counts[1]),
+                            "batch": batch_idx, "zero_gradient_batches_before": self.zero_gradient_batches}
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._snapshot(trainer, pl_module)

