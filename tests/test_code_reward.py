@@ -343,20 +343,22 @@ def _attack(name: str, tmp_path: Path, secret_port: int | None = None):
             s = socket.create_connection(("127.0.0.1", {secret_port}), timeout=1)
             print(s.recv(100).decode())
         """), stdin_gold(("", "token-from-the-host")), {}
-    if name == "kill_parent":   # kill every ancestor it can see, then print the right answer
+    if name == "kill_parent":   # kill every ancestor it can see; the right answer if one died
         return fenced("""
-            import os, signal
-            pid = os.getpid()
+            import os, signal, time
+            pid, killed = os.getpid(), []
             for _ in range(3):
                 with open(f"/proc/{pid}/stat") as f:
                     pid = int(f.read().rsplit(")", 1)[1].split()[1])
-                if pid <= 1:
+                if pid < 1:
                     break
                 try:
                     os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
                 except OSError:
                     pass
-            print(3, flush=True)
+            time.sleep(0.2)
+            print(3 if any(not os.path.exists(f"/proc/{p}") for p in killed) else "all alive", flush=True)
         """), stdin_gold(("", "3")), {}
     if name == "print_100mb":   # LCB strips the output: the trailing blanks would not matter
         return fenced("import sys\nprint(3)\nsys.stdout.write(' ' * 100_000_000)"), stdin_gold(("", "3")), {}
@@ -388,11 +390,51 @@ def _attack(name: str, tmp_path: Path, secret_port: int | None = None):
             print(found[0] if found else "none")
         """
         return fenced(code), stdin_gold(("", token)), {"token": token}
+    if name == "forge_reply":   # stop the harness, write its "ok" reply with the right answer, sleep
+        return fenced("""
+            import ctypes, os, signal, time
+            harness = os.getppid()
+            try:
+                os.kill(harness, signal.SIGSTOP)
+            except OSError:
+                pass
+            fd = -1
+            try:
+                fd = os.open(f"/proc/{harness}/fd/1", os.O_WRONLY)
+            except OSError:   # else a copy of its reply pipe through pidfd_getfd
+                try:
+                    fd = ctypes.CDLL(None).syscall(438, os.pidfd_open(harness), 1, 0)
+                except OSError:
+                    pass
+            if fd >= 0:
+                os.write(fd, b'{"status": "ok", "n": 1}\\n7')
+            time.sleep(60)
+        """), stdin_gold(("", "7")), {}
+    if name == "memfd_fanout":   # 4 processes x 300 MB of memfds, under a 512 MB address-space limit
+        return fenced("""
+            import os, time
+            r, w = os.pipe()
+            for _ in range(4):
+                if os.fork() == 0:
+                    chunk, fds = b"x" * (15 << 20), []
+                    for _ in range(20):   # 20 x 15 MB: each file stays under the file-size limit
+                        fd = os.memfd_create("hold")
+                        os.write(fd, chunk)
+                        fds.append(fd)
+                    os.write(w, b"1")
+                    time.sleep(60)
+                    os._exit(0)
+            held, deadline = 0, time.time() + 6
+            while held < 4 and time.time() < deadline:
+                held += len(os.read(r, 4))
+            print(held * 300)
+        """), stdin_gold(("", "1200")), {}
     raise KeyError(name)
 
 
 ATTACKS = ["infinite_loop", "fork_bomb", "fork_count", "alloc_10gb", "write_outside", "read_repo",
-           "read_home", "network", "kill_parent", "print_100mb", "exit_before_output", "read_expected"]
+           "read_home", "network", "kill_parent", "print_100mb", "exit_before_output", "read_expected",
+           "forge_reply"]
 
 
 @pytest.fixture
@@ -465,6 +507,8 @@ WEAKENINGS = {
     "network": ("no network namespace", {}, dict(unshare_net=False)),
     "print_100mb": ("no output limit", dict(max_output_mb=256), {}),
     "read_expected": ("the grader's environment passed in", {}, dict(clear_env=False)),
+    "forge_reply": ("the harness dumpable and not the namespace's init", {}, dict(protect_harness=False)),
+    "memfd_fanout": ("no memory cgroup (rlimits only)", dict(timeout_s=10.0), dict(memory_cgroup=False)),
 }
 
 
@@ -530,6 +574,130 @@ def test_weakened_pid_namespace_lets_kill_parent_kill_the_grader(tmp_path):
     weak = subprocess.run([sys.executable, "-c", script.replace("{weak}", "False")], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60)
     assert weak.returncode == -9, (weak.returncode, weak.stdout, weak.stderr[-2000:])
+
+
+REACH_HARNESS = """
+    import ctypes, errno, json, os, signal, time
+    libc = ctypes.CDLL(None, use_errno=True)
+    harness, report = os.getppid(), {}
+    def outcome(ok):
+        return "reached" if ok else errno.errorcode.get(ctypes.get_errno(), "refused")
+    report["ptrace"] = outcome(libc.ptrace(0x4206, harness, None, None) == 0)   # PTRACE_SEIZE
+    try:
+        pidfd = os.pidfd_open(harness)
+        report["pidfd_getfd"] = outcome(libc.syscall(438, pidfd, 1, 0) >= 0)     # SYS_pidfd_getfd
+    except OSError as err:
+        report["pidfd_getfd"] = errno.errorcode[err.errno]
+    try:
+        os.close(os.open(f"/proc/{harness}/fd/1", os.O_WRONLY))
+        report["proc_fd"] = "reached"
+    except OSError as err:
+        report["proc_fd"] = errno.errorcode[err.errno]
+    os.kill(harness, signal.SIGSTOP)
+    time.sleep(0.2)
+    state = open(f"/proc/{harness}/stat").read().rsplit(")", 1)[1].split()[0]
+    report["stop"] = "reached" if state in ("T", "t") else "ignored"
+    os.kill(harness, signal.SIGCONT)
+    print(json.dumps(report, sort_keys=True))
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("protect", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_program_cannot_trace_signal_or_read_the_harness(protect):
+    """The program runs as the harness's uid, as its child: ptrace, pidfd_getfd, its
+    /proc/<pid>/fd and SIGSTOP are all refused (and, with the protection off, all reach it)."""
+    r = CodeReward(timeout_s=3.0, memory_limit_mb=512)
+    r.sandbox_config = replace(r.sandbox_config, protect_harness=protect)
+    try:
+        result = r.run(fenced(REACH_HARNESS), stdin_gold(("", "unused")))
+    finally:
+        r.close()
+    report = json.loads(result.output)
+    if protect:
+        assert report == {"pidfd_getfd": "EPERM", "proc_fd": "EACCES", "ptrace": "EPERM", "stop": "ignored"}, report
+    else:   # (its /proc/<pid>/fd is refused for another reason: bwrap's /proc mount)
+        assert report["ptrace"] == report["pidfd_getfd"] == report["stop"] == "reached", report
+
+
+@needs_bwrap
+def test_sandbox_memory_is_bounded_in_total(tmp_path):
+    """4 forked processes holding 300 MB of memfds each, every process within its 512 MB
+    address-space limit: the run's memory cgroup (1 GB here) ends it. Without the cgroup the
+    attack succeeds (test_weakened_sandbox_lets_each_attack_through[memfd_fanout])."""
+    r = CodeReward(timeout_s=10.0, memory_limit_mb=512)
+    try:
+        result = r.run(*_attack("memfd_fanout", tmp_path)[:2])
+        if getattr(r.sandbox_ready(), "cgroup_parent", "") is None:
+            pytest.skip("no writable memory cgroup here: memory is bounded per process only")
+    finally:
+        r.close()
+    assert result.score == 0.0 and not sandbox_pids(), result
+    assert r.sandbox_config.memory_bytes == 1024 * 2**20
+
+
+def test_results_that_cannot_match_are_never_decoded():
+    """The grader's own memory: a result is bounded by the expected output's size before it is
+    decoded or split (a list of 4 M empty lists, 16 MB encoded, is ~800 MB of Python lists)."""
+    import tracemalloc
+
+    from aspo_lit.rewards.livecodebench import result_matches
+
+    cases = [("fn", b"[" + b"[], " * (4 << 20) + b"[]]", "[]"),        # functional: 16 MB of empty lists
+             (None, b"1\n" * (8 << 20), "1"),                         # stdin: 8 M lines
+             (None, b"\n".join([b"1 2"] * (4 << 20)), "1 2\n" * 3)]   # stdin: 4 M lines against 3
+    for fn_name, payload, expected in cases:
+        tracemalloc.start()
+        start = time.perf_counter()
+        ok = result_matches(fn_name, payload, expected)
+        elapsed, peak = time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert ok is False
+        assert elapsed < 1.0 and peak < 3 * len(payload) + (8 << 20), (fn_name, elapsed, peak)
+
+
+GARBAGE_RESULTS = {   # functional programs whose result the grader cannot decode or compare
+    "frozenset_keys": "class Solution:\n    def f(self, x):\n        return {frozenset([1]): 2}",
+    "namedtuple_keys": ("from collections import namedtuple\nP = namedtuple('P', 'a b')\n"
+                        "class Solution:\n    def f(self, x):\n        return {P(1, 2): 3}"),
+    "dataclass_keys": ("from dataclasses import dataclass\n@dataclass(frozen=True)\nclass K:\n    a: int\n"
+                       "class Solution:\n    def f(self, x):\n        return {K(1): [K(2)]}"),
+    "tuple_with_list_key": "class Solution:\n    def f(self, x):\n        return {(1, (2,)): 1, 3: {4: 5}}",
+}
+FORGED_RESULT_FILES = ['{"d": 5}', '{"t": 7}', '{"d": [[[1], 2, 3]]}', '{"d": [[{"d": []}, 1]]}', '[' * 100000,
+                       '{"o": [1]}', '{"x": 1, "y": 2}', 'not json', '\udcff']
+
+
+@needs_bwrap
+def test_garbage_results_score_zero_and_never_raise(reward):
+    """Results of unusual shapes, and result files the program forged itself, score 0 in one
+    batch; nothing escapes `batch`, and the next program is graded normally."""
+    gold = functional_gold("f", ("1", "[1]"))
+    programs = [fenced(code) for code in GARBAGE_RESULTS.values()]
+    for content in FORGED_RESULT_FILES:   # written where the harness reads the result, then exit 0
+        programs.append(fenced(f"import os\nopen('t0.res', 'w').write({content!r})\nos._exit(0)"))
+    scores = reward.batch(programs, [gold] * len(programs))
+    assert scores == [0.0] * len(programs)
+    assert reward(fenced("class Solution:\n    def f(self, x):\n        return [x]"), gold) == 1.0
+
+
+def test_grader_failure_scores_zero_counted(reward, monkeypatch):
+    """A failure in the grader's own handling of one program (here: comparing its result raises)
+    scores that program 0 and is counted; the other programs of the batch are graded."""
+    import aspo_lit.rewards.code as code_module
+
+    calls = {"n": 0}
+
+    def flaky(fn_name, payload, expected):
+        calls["n"] += 1
+        if payload.strip() == b"2":
+            raise RuntimeError("comparison blew up")
+        return payload.strip() == expected.encode()
+
+    monkeypatch.setattr(code_module, "result_matches", flaky)
+    before = reward.failures["grader_error"]
+    scores = reward.batch([fenced("print(1)"), fenced("print(2)")], [stdin_gold(("", "1"))] * 2)
+    assert scores == [1.0, 0.0] and reward.failures["grader_error"] == before + 1
 
 
 # --------------------------------------------------------------------------- rlimit-only mode
