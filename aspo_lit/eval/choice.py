@@ -22,16 +22,38 @@ final answer within \\boxed{}.") with the letter asked for: the models were RL-t
 final answer under exactly that instruction, so the out-of-domain question changes only the
 content, not the answer format. Encoded with the model's chat template like the math prompts.
 
-Grader (``extract_choice`` / ``ChoiceReward``), regex and brace matching only (linear in the
-response length, no parser or solver, so no time bound is needed beyond that):
+Grader (``extract_choice`` / ``ChoiceReward``): regex and brace matching only, linear in the
+response length (no pattern repeats a group, so a failed attempt backtracks at most once over a
+run of characters; a 5 MB response grades well under a second), never raising (a non-string is no
+answer):
 1. after the last ``</think>`` when present, the content of the LAST ``\\boxed{}`` (math's
-   extractor). It counts when it is one letter A-J, upper or lower case (inside a box the letter
-   can only be the answer), optionally in parentheses, ``\\text{}``/``\\textbf{}``/``\\mathrm{}``,
-   or followed by ``.``/``:``/``)`` and the option text (``\\boxed{C. 42}``). Anything else —
-   several letters (``AC``, ``A, C``, ``A and C``), a number, empty — is no answer;
-2. only when there is no ``\\boxed`` at all: the last "answer is (X)" / "answer: X" /
-   "final answer is X" in the text, X an UPPER-case letter or a letter in parentheses (a bare
-   lower-case "a" is too often an article: "the answer is a prime");
+   extractor), read with ``\\text{}``-like wrappers, braces, ``$`` and LaTeX spaces dropped and a
+   trailing ``.`` ignored. It names one letter A-J, upper or lower case (inside a box a letter can
+   only be the answer), when it is that letter alone -- ``C``, ``(C)``, ``C)``, ``C.``, ``C:``,
+   ``\\text{C}``, ``\\textbf{C}`` -- or that letter, then ``.``/``:``/``)`` and an option text
+   (``\\boxed{C. 42}``, ``\\boxed{C) The DNA}``). A box naming several letters is no answer:
+   a. it is nothing but two or more standalone letters A-J and separators (spaces,
+      ``. , : ; / & + | ( )``, "or", "and"): ``(A) or (C)``, ``(A), (C)``, ``A), B), C), D)``,
+      ``A. or C.``, ``C. A``;
+   b. or its option text holds a parenthesised capital ``(D)`` not right after a letter or digit:
+      ``(B) or (D) are both correct``, ``(B) 42, (D) 17`` (``P(A)`` is text).
+   Letters inside the words of an option text, or standing among its words, are text:
+   ``C. The DNA``, ``C. A cell wall``, ``D. Both A and C``, ``C. I and II only``, ``E. E. coli``,
+   ``B. (ii) and (iv) only`` read their leading letter. Anything else -- ``AC``, ``A, C``,
+   ``A and C``, a number, empty -- is no answer;
+2. only when there is no ``\\boxed`` at all: the answer statements of MMLU-Pro's official
+   extraction (TIGER-AI-Lab/MMLU-Pro, ``evaluate_from_local.py``: ``extract_answer``
+   "answer is \\(?([A-J])\\)?", then ``extract_again`` "[aA]nswer:\\s*([A-J])", then
+   ``extract_final``), read after removing markdown emphasis ``*``, so "The answer is **B**." and
+   "**Answer:** B" read B (simple-evals' ``normalize_response`` drops ``**`` the same way;
+   MMLU-Pro reaches these only through its last-letter fallback). Where it differs from MMLU-Pro,
+   to agree with rule 1 and to grade untrusted text: the LAST statement of either kind counts
+   (MMLU-Pro: the first "answer is", else the last "answer:" of a line); "answer" in any case,
+   "answer is:" too; the letter must stand alone ("the answer is Apple" is not A) and may be lower
+   case only in parentheses ("the answer is a prime" is not A, "answer is (c)" is C). MMLU-Pro's
+   last fallback, ``extract_final`` (the last standalone capital A-J anywhere), is not taken: it
+   reads the pronoun "I" (MMLU-Pro's option I) and the article "A" as answers, scores a sample cut
+   at max tokens by whatever letter its reasoning named last, and its pattern is quadratic;
 3. else no answer.
 Exact match of the extracted letter with the gold letter scores 1, anything else (no answer,
 several letters, another letter) 0.
@@ -185,37 +207,48 @@ def encode_choice_prompt(row: dict, tokenizer, template: str = "chat",
 
 # --- grader ----------------------------------------------------------------------------------------
 
-_WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mathbf|textrm)\s*\{(.*)\}$", re.S)
-_BOXED_LETTER = re.compile(r"^\(?([A-Ja-j])\)?(?:\s*[.:)]\s*(?:\S.*)?)?$", re.S)
-_FALLBACK = re.compile(r"answer(?:\s+is)?\s*(?:is|:)?\s*(?:\(([A-Ja-j])\)|([A-J])(?![A-Za-z0-9]))",
-                       re.I)
+# Linear patterns (Python 3.10 has no possessive quantifiers): no repeated group, so a failed try
+# backtracks at most once over a run of characters and the match stack stays small.
+_DROP = dict.fromkeys(map(ord, "{}$"))
+_UNWRAP = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox)\s*\{")
+_SPACE = re.compile(r"\\(?:[,;:! ]|q?quad(?![A-Za-z]))|~")
+_SINGLE = re.compile(r"\(?([A-Ja-j])(?:\s*[.:)](.*))?", re.S)           # C  (C)  C.  C) text
+_ITEM = re.compile(r"(?<![A-Za-z0-9])(?:\(\s*[A-Ja-j]\s*\)|[A-Ja-j]\)?)(?![A-Za-z0-9])")
+_CONJ = re.compile(r"\b(?:or|and)\b")
+_SEPS = re.compile(r"[\s.,:;/&+|()]*")
+_LIST_CHARS = re.compile(r"[\s.,:;/&+|()A-Ja-jorn]*")                 # a fast first test
+_LABEL = re.compile(r"(?<![A-Za-z0-9])\(\s*[A-J]\s*\)")                # (C) in an option text
+_ANSWER = re.compile(r"(?i:answer(?:\s+is(?:\s*:)?|\s*:))\s*"
+                     r"(?:\(\s*([A-Ja-j])\s*\)|\(?([A-J])(?![A-Za-z0-9]))")
 
 
 def _boxed_letter(content: str) -> str | None:
-    for _ in range(4):                       # $\text{\textbf{C}}.$
-        content = content.strip().strip("$").strip().rstrip(".").strip()
-        m = _WRAPPER.match(content)
-        if not m:
-            break
-        content = m.group(1)
-    m = _BOXED_LETTER.match(content)
-    return m.group(1).upper() if m else None
+    """The letter a box's content names (rule 1 of the module doc), or None."""
+    content = _SPACE.sub(" ", _UNWRAP.sub("", content).translate(_DROP)).replace("\\&", "&")
+    content = content.strip().rstrip(". ")
+    m = _SINGLE.fullmatch(content)
+    if m is None or _LABEL.search(m.group(2) or ""):
+        return None
+    if _LIST_CHARS.fullmatch(content):               # only letters and separators: a list?
+        rest, items = _ITEM.subn(" ", content)
+        if items > 1 and _SEPS.fullmatch(_CONJ.sub(" ", rest)):
+            return None
+    return m.group(1).upper()
 
 
 def extract_choice(text: str, think_end_token: str | None = "</think>") -> str | None:
-    """The answer letter of a response (see the module doc), or None."""
+    """The answer letter of a response (see the module doc), or None; linear in ``len(text)``,
+    None for anything that is not a string."""
+    if not isinstance(text, str):
+        return None
     if think_end_token and think_end_token in text:
         text = text.rsplit(think_end_token, 1)[1]
     if re.search(r"\\(?:boxed|fbox)(?![A-Za-z])", text):
         content = extract_answer(text, None)
         return None if content is None else _boxed_letter(content)
     letter = None
-    for m in _FALLBACK.finditer(text):
-        paren, bare = m.group(1), m.group(2)
-        # the case-insensitive flag would let "answer is a ..." through: bare letters must be upper
-        if bare is not None and not bare.isupper():
-            continue
-        letter = (paren or bare).upper()
+    for m in _ANSWER.finditer(text.replace("*", "")):      # markdown emphasis: **B**, *B*
+        letter = (m.group(1) or m.group(2)).upper()
     return letter
 
 
