@@ -676,6 +676,7 @@ def test_garbage_results_score_zero_and_never_raise(reward):
     programs = [fenced(code) for code in GARBAGE_RESULTS.values()]
     for content in FORGED_RESULT_FILES:   # written where the harness reads the result, then exit 0
         programs.append(fenced(f"import os\nopen('t0.res', 'w').write({content!r})\nos._exit(0)"))
+    programs += [None, 123, b"```python\nprint(1)\n```"]   # not even text
     scores = reward.batch(programs, [gold] * len(programs))
     assert scores == [0.0] * len(programs)
     assert reward(fenced("class Solution:\n    def f(self, x):\n        return [x]"), gold) == 1.0

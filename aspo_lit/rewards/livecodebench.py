@@ -58,8 +58,10 @@ def extract_code(text: str, think_end_token: str | None = "</think>") -> str | N
 
     A block tagged ``python``/``py``/``python3`` or untagged counts (DeepCoder takes the last
     block, Archer the last ``python`` one); an unclosed final fence (a truncated response) does
-    not. None when there is no such block.
+    not. None when there is no such block (or ``text`` is not a string).
     """
+    if not isinstance(text, str):
+        return None
     if think_end_token and think_end_token in text:
         text = text.rsplit(think_end_token, 1)[1]
     blocks = [m.group(2) for m in _FENCE.finditer(text) if m.group(1).lower() in _PYTHON_TAGS]
