@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 import random
 import subprocess
 import sys
@@ -50,8 +51,6 @@ def _fit(testbed: str, out: Path, *extra: str, engine: dict | None = None, devic
     if devices > 1:  # FSDP2 over the ranks, fp32 compute so the sampler/trainer gap is ~1e-6
         args += ["--trainer.strategy=aspo_lit.strategy.FSDP2Strategy", "--trainer.strategy.param_dtype=null"]
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    import os
-
     proc = subprocess.run(args, cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc

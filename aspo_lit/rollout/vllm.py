@@ -458,7 +458,8 @@ class VLLMEngine(RolloutEngine):
         self._attached = True
         log.info("VLLMEngine: %s, started in %.1fs (tied embeddings: %s)", self.topology, self.startup_s,
                  self.tied_embeddings)
-        self.sleep()  # TRL: sleep right after start; the first push wakes the weights
+        if self.colocate:  # TRL: a training engine sleeps right after start; the first push wakes it
+            self.sleep()
 
     def _colocate_kwargs(self) -> dict[str, Any]:
         """vLLM arguments and environment of one engine per training rank (external launcher)."""
