@@ -79,7 +79,6 @@ def main() -> None:
 
     from tests.sharded_fit import FixedRollouts
 
-    before = _peak_rss_mib()
     module = ASPOModule(model_name_or_path=str(folder), kl_coef=0.001, mini_batch_size=8, micro_batch_size=2)
     before = _peak_rss_mib()
     trainer = Trainer(accelerator="cpu", devices=2, strategy=FSDP2Strategy(param_dtype="bfloat16"), max_steps=1,

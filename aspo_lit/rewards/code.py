@@ -399,10 +399,8 @@ class CodeReward:
         finally:
             if info_w is not None:
                 os.close(info_w)
-            if proc is not None:
+            if proc is not None:   # start() removes the cgroup itself when it raises
                 sandbox.stop(proc, marker, info_r, uid, cgroup)
-            elif cgroup is not None:
-                cgroup.remove()
             if info_r is not None:
                 os.close(info_r)
             sandbox.cleanup_workdir(workdir)

@@ -333,8 +333,8 @@ class Sandbox:
         try:
             return MemoryCgroup(self.cgroup_parent, self.config.memory_bytes, uid)
         except OSError as err:
-            log.warning("CodeReward: could not make a memory cgroup under %s (%s); memory is bounded "
-                        "per process only", self.cgroup_parent, err)
+            log.warning("CodeReward: could not make a memory cgroup under %s (%s): %s", self.cgroup_parent, err,
+                        FALLBACK_LIMITS)
             return None
 
     def env(self, marker: str) -> dict[str, str]:
@@ -369,7 +369,7 @@ class Sandbox:
                 if self.cgroup_parent is None:
                     log.warning("CodeReward: no writable memory cgroup (%s): %s", why, FALLBACK_LIMITS)
             proc = self._run_snippet()
-            if proc is not None and proc.returncode == 97 and self.cgroup_parent is not None:
+            if proc.returncode == 97 and self.cgroup_parent is not None:
                 log.warning("CodeReward: the sandbox cannot join a memory cgroup under %s: %s",
                             self.cgroup_parent, FALLBACK_LIMITS)
                 self.cgroup_parent = None
@@ -417,7 +417,6 @@ class Sandbox:
         then kills every process of the namespace, and bwrap exits only once they are gone), to
         bwrap's whole process group, and to whatever is left in its memory cgroup, which is then
         removed."""
-        sandbox = self
         for stream in (proc.stdin, proc.stdout):
             try:
                 stream.close()
@@ -438,10 +437,10 @@ class Sandbox:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.warning("sandbox %s did not exit after SIGKILL", proc.pid)
-        if sandbox.mode != "pidns":
+        if self.mode != "pidns":
             # without a pid namespace, processes that left the group are found by their marker,
             # and, when the run had a uid of its own, by that uid
-            own_uid = uid if sandbox.config.kind == "rlimit" and sandbox.uid is not None else None
+            own_uid = uid if self.config.kind == "rlimit" and self.uid is not None else None
             give_up, delay = time.monotonic() + 5.0, 0.005
             while time.monotonic() < give_up:
                 pids = marked_pids(marker, own_uid)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ __all__ = [
     "Completion",
     "RolloutEngine",
     "normalize_param_name",
+    "iter_named_tensors",
     "named_tensors_of",
 ]
 
@@ -92,24 +93,29 @@ def normalize_param_name(name: str) -> str:
     return name
 
 
-def named_tensors_of(
+def iter_named_tensors(
     named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | torch.nn.Module,
-) -> list[tuple[str, torch.Tensor]]:
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, detached tensor) pairs, names normalised, from named_parameters(), a state dict or
-    a module (its named_parameters())."""
+    a module (its named_parameters()), one at a time: an FSDP2 DTensor is gathered to its full
+    tensor only when the pair is taken."""
     if isinstance(named_tensors, torch.nn.Module):
         named_tensors = named_tensors.named_parameters()
     elif isinstance(named_tensors, Mapping):
         named_tensors = named_tensors.items()
-    out = []
     for name, tensor in named_tensors:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"update_weights: {name!r} is a {type(tensor).__name__}, not a tensor")
-        # DTensor (FSDP2) -> full tensor
-        if hasattr(tensor, "full_tensor"):
+        if hasattr(tensor, "full_tensor"):  # DTensor (FSDP2) -> full tensor
             tensor = tensor.full_tensor()
-        out.append((normalize_param_name(name), tensor.detach()))
-    return out
+        yield normalize_param_name(name), tensor.detach()
+
+
+def named_tensors_of(
+    named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | torch.nn.Module,
+) -> list[tuple[str, torch.Tensor]]:
+    """``iter_named_tensors`` as a list."""
+    return list(iter_named_tensors(named_tensors))
 
 
 class RolloutEngine(abc.ABC):

@@ -24,8 +24,8 @@ on CPU the packed ``lm_head`` is re-tied and re-packed after every reload (on GP
 ``lm_head`` *is* the embedding parameter). After every push ``reset_prefix_cache()``: cached prompt
 KV blocks were computed by the old weights.
 
-Sleep mode (``enable_sleep_mode``): the engine sleeps at ``sleep_level`` after attaching and after
-every ``generate``; a push wakes the weights, loads, resets the prefix cache; ``generate`` wakes the
+Sleep mode (``enable_sleep_mode``): the engine sleeps at ``sleep_level`` after every ``generate``
+(and, colocated, right after attaching); a push wakes the weights, loads, resets the prefix cache; ``generate`` wakes the
 KV cache. At level 2 (the default, as TRL and verl) the weights are discarded, so the engine asks
 for a push before every ``generate`` (``needs_weight_push``). On CPU vLLM cannot sleep: the engine
 still makes every call in the same order, and vLLM answers them as no-ops.
@@ -62,7 +62,7 @@ import torch
 
 from aspo_lit.seeding import derived_seed
 
-from .base import LOGPROBS_MODES, Completion, RolloutEngine, SamplingConfig, normalize_param_name
+from .base import LOGPROBS_MODES, Completion, RolloutEngine, SamplingConfig, iter_named_tensors
 
 log = logging.getLogger(__name__)
 
@@ -576,18 +576,11 @@ class VLLMEngine(RolloutEngine):
 
     # ------------------------------------------------------------------------------------------
     def _stream(self, named_tensors) -> Iterator[tuple[str, torch.Tensor]]:
-        """(checkpoint name, full tensor) one at a time: an FSDP2 shard is gathered only when the
-        loader asks for it. A tied model's ``lm_head`` is skipped (vLLM's is the embedding)."""
-        if isinstance(named_tensors, torch.nn.Module):
-            named_tensors = named_tensors.named_parameters()
-        pairs = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        for name, tensor in pairs:
-            name = normalize_param_name(name)
-            if self.tied_embeddings and name == "lm_head.weight":
-                continue
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"update_weights: {name!r} is a {type(tensor).__name__}, not a tensor")
-            yield name, (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach()
+        """``iter_named_tensors``: an FSDP2 shard is gathered only when the loader asks for it. A
+        tied model's ``lm_head`` is skipped (vLLM's is the embedding)."""
+        for name, tensor in iter_named_tensors(named_tensors):
+            if not (self.tied_embeddings and name == "lm_head.weight"):
+                yield name, tensor
 
     def _ensure_sync_dir(self) -> Path:
         if self._sync_dir is None:
