@@ -100,6 +100,18 @@ def test_two_ranks_one_tensor_parallel_group(testbed, tmp_path):
     assert probes[0]["engine_checks"] == probes[1]["engine_checks"]  # one engine: one checksum
 
 
+@pytest.mark.slow
+def test_tensor_parallel_group_samples_with_one_seed(tiny_model_dir):
+    """The two ranks of a TP group ask for different seeds; the group samples with its leader's.
+    With each rank's own seed the gap was 2.9-3.4 nats (two token streams into one sharded model)."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           str(REPO / "tests/colocated_tp_seeds.py"), str(tiny_model_dir)], cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    gaps = [float(line.split()[-1]) for line in proc.stdout.splitlines() if line.startswith("rank ")]
+    assert len(gaps) == 2 and "topology colocated" in proc.stdout and max(gaps) < FP32_GAP, proc.stdout
+
+
 def test_resume_pushes_the_restored_weights(testbed, tmp_path):
     """`--ckpt_path last` restores the trained policy; the engine starts from the base checkpoint.
     The first resumed rollout must be sampled from the restored weights: its sampler/trainer gap

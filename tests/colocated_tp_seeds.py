@@ -1,0 +1,38 @@
+"""2 ranks under torch.distributed.run, one colocated VLLMEngine with tensor_parallel_size=2, each
+rank asking for a *different* sampling seed (as a caller that seeds per rank would): the TP group
+must sample with one seed (its leader's), else the sharded model is fed two different token streams.
+Prints, per rank, the mean |vLLM log-prob - transformers log-prob| of its samples.
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/colocated_tp_seeds.py MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aspo_lit.rollout import SamplingConfig, VLLMEngine  # noqa: E402
+from tests.test_rollout import policy_logprob_gap  # noqa: E402
+
+
+def main() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dist.init_process_group("gloo")
+    rank, model_dir = dist.get_rank(), sys.argv[1]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    engine = VLLMEngine(tensor_parallel_size=2, dtype="float32", max_model_len=256, kv_cache_gb=1)
+    engine.attach(None, tokenizer, model_dir)
+    ids = [tokenizer("2+2=")["input_ids"], tokenizer("hello there")["input_ids"]]
+    out = engine.generate(ids, n=2, sampling=SamplingConfig(max_tokens=8, seed=100 + rank, logprobs=True))
+    print(f"rank {rank} topology {engine.topology} gap {policy_logprob_gap(policy, ids, out):.3e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
