@@ -346,12 +346,14 @@ def _attack(name: str, tmp_path: Path, secret_port: int | None = None):
     if name == "kill_parent":   # kill every ancestor it can see; the right answer if one died
         return fenced("""
             import os, signal, time
-            pid, killed = os.getpid(), []
-            for _ in range(3):
+            pid, ancestors, killed = os.getpid(), [], []
+            for _ in range(3):   # all ancestors first: a killed one's /proc entry goes away
                 with open(f"/proc/{pid}/stat") as f:
                     pid = int(f.read().rsplit(")", 1)[1].split()[1])
                 if pid < 1:
                     break
+                ancestors.append(pid)
+            for pid in ancestors:
                 try:
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
