@@ -780,7 +780,10 @@ def run_table(config: dict, compare_paper: bool | None = None, only: list[str] |
         except Exception as e:   # noqa: BLE001 - one failed row must not lose the others
             log.exception("%s / %s: evaluation failed", *key)
             failed.update({s["name"]: f"evaluation failed: {failure_reason(e)}" for s in loaded})
-        results[key], failed_cells[key] = table_columns(per_bench), failed
+        computed = table_columns(per_bench)   # in the config's benchmark order, missing cells as None
+        ordered = {column: computed.get(column) for spec in specs for column in _columns_of(specs, spec["name"])}
+        results[key] = {**ordered, **computed}
+        failed_cells[key] = {spec["name"]: failed[spec["name"]] for spec in specs if spec["name"] in failed}
         for name, done in per_bench.items():
             settings = done.get("settings") or {}
             if "tests_scope" in settings:
