@@ -454,12 +454,15 @@ def test_unloadable_benchmark_leaves_the_other_cells(tmp_path, tiny_model_dir, m
     with open(tmp_path / "out" / "table1.csv") as f:
         rows = {r["method"]: r for r in csv.DictReader(f)}
     base = rows["base"]
+    assert list(base).index("arith_heldout_avg@2") < list(base).index("aime24_avg@2")   # the config's order
     assert base["status"] == "incomplete" and rows["GRPO"]["status"] == "missing"
     assert base["arith_heldout_avg@2"] != "" and base["arith_heldout_pass@2"] != ""
     assert base["aime24_avg@2"] == base["aime24_pass@2"] == base["gone_avg@2"] == ""
     assert "aime24: ConnectionError: Couldn't reach 'HuggingFaceH4/aime_2024' on the Hub" in base["reason"]
     assert "gone: FileNotFoundError" in base["reason"]
     markdown = (tmp_path / "out" / "table1.md").read_text()
+    header = markdown.splitlines()[0].split(" | ")
+    assert len(header) == len(set(header)) == 2 + 6              # each column once (no avg: it has no value)
     assert "| tiny | base | " in markdown and "| missing | missing |" in markdown
     assert markdown.rstrip().endswith(last)
 

@@ -94,7 +94,12 @@ def load_lcb_release(release: str, contest_dates, hub_id: str = LCB_HUB_ID,
     window = ContestWindow.of(contest_dates)
     rows, seen = [], set()
     for filename in RELEASE_FILES[release]:
-        path = Path(huggingface_hub.hf_hub_download(hub_id, filename, repo_type="dataset", revision=revision))
+        try:
+            path = Path(huggingface_hub.hf_hub_download(hub_id, filename, repo_type="dataset", revision=revision))
+        except Exception as err:   # offline with a cold cache, unreachable, renamed: say which file
+            first = (str(err).strip().splitlines() or [""])[0]
+            raise FileNotFoundError(f"{hub_id}: {filename} of {release} is neither in the local HF cache "
+                                    f"nor reachable on the hub ({type(err).__name__}: {first[:160]})") from err
         for row in _select(path, f"{hub_id}/{filename}", window):
             if row["id"] in seen:
                 from data_modules.sources import BadRowError

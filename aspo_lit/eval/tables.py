@@ -160,7 +160,9 @@ def render_table(results: dict, table: str = "table1", compare_paper: bool = Tru
 
     columns = list(paper_columns)
     for key, values in ours.items():
-        columns += [c for c in [*values, *missing_cells.get(key, {})] if c not in columns and c != "avg"]
+        for c in [*values, *missing_cells.get(key, {})]:
+            if c not in columns and c != "avg":
+                columns.append(c)
     if "avg" in columns:   # the paper's last column stays last
         columns.remove("avg")
     columns.append("avg")
