@@ -419,3 +419,135 @@ def test_hub_rows_are_normalized(monkeypatch):
     assert load_benchmark("olympiadbench", data_dir="/nonexistent") == [
         {"id": "7", "problem": "Q?", "answer": "\\frac{1}{2}"}]
     assert load_benchmark("amc23", data_dir="/nonexistent")[0]["answer"] == "27"
+
+
+# --- a benchmark that cannot load loses only its own cells --------------------------------------
+
+def test_unloadable_benchmark_leaves_the_other_cells(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """Offline: aime24 cannot reach the hub and one benchmark's file is gone, beside a local
+    benchmark that loads: the local column is computed for every available model, the other two
+    are missing with their reasons, the exit status says some cells failed, the last line counts."""
+    import datasets
+    import yaml
+
+    from aspo_lit.__main__ import main
+
+    def offline(hub_id, *args, **kwargs):
+        raise ConnectionError(f"Couldn't reach '{hub_id}' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    config = {
+        "out_dir": "out", "engine": "hf", "sampling": {"max_tokens": 6}, "data_dir": str(tmp_path / "empty"),
+        "benchmarks": [{"name": "arith_heldout", "k": 2,
+                        "generate": {"n": 3, "seed": 0, "levels": [1], "split": "heldout"}},
+                       {"name": "aime24", "k": 2, "limit": 2},
+                       {"name": "gone", "k": 2, "path": str(tmp_path / "gone.jsonl")}],
+        "rows": [{"base_model": "tiny", "method": "base", "model": str(tiny_model_dir)},
+                 {"base_model": "tiny", "method": "GRPO", "model": "runs/none/last.ckpt"}],
+    }
+    (tmp_path / "t1.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    assert main(["table1", "--config", "t1.yaml"]) == 1
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last == ("Cells (model x benchmark): 1 of 6 computed, 5 missing (3 without a model, "
+                    "2 whose benchmark did not load or whose evaluation failed).")
+    with open(tmp_path / "out" / "table1.csv") as f:
+        rows = {r["method"]: r for r in csv.DictReader(f)}
+    base = rows["base"]
+    assert list(base).index("arith_heldout_avg@2") < list(base).index("aime24_avg@2")   # the config's order
+    assert base["status"] == "incomplete" and rows["GRPO"]["status"] == "missing"
+    assert base["arith_heldout_avg@2"] != "" and base["arith_heldout_pass@2"] != ""
+    assert base["aime24_avg@2"] == base["aime24_pass@2"] == base["gone_avg@2"] == ""
+    assert "aime24: ConnectionError: Couldn't reach 'HuggingFaceH4/aime_2024' on the Hub" in base["reason"]
+    assert "gone: FileNotFoundError" in base["reason"]
+    markdown = (tmp_path / "out" / "table1.md").read_text()
+    header = markdown.splitlines()[0].split(" | ")
+    assert len(header) == len(set(header)) == 2 + 6              # each column once (no avg: it has no value)
+    assert "| tiny | base | " in markdown and "| missing | missing |" in markdown
+    assert markdown.rstrip().endswith(last)
+
+
+def test_failures_are_recorded_per_benchmark_and_the_engine_is_not_retried(tmp_path, tiny_model_dir, arith):
+    bench, answers = arith
+
+    class BrokenEngine(FakeEngine):
+        def attach(self, *args):
+            self.attached = self.calls = self.calls + 1
+            raise RuntimeError("CUDA out of memory")
+
+    engine, failures = BrokenEngine(answers), {}
+    second = {**bench, "name": "arith2"}
+    results = evaluate_model(str(tiny_model_dir), [bench, second, {"name": "nope", "k": 2}], tmp_path,
+                             engine=engine, reward=ExactReward(), failures=failures)
+    assert results == {} and engine.calls == 1                 # started once, not once per benchmark
+    assert failures["arith"] == "RuntimeError: CUDA out of memory"
+    assert failures["arith2"] == "RuntimeError: the engine did not start: RuntimeError: CUDA out of memory"
+    assert failures["nope"].startswith("FileNotFoundError: benchmark 'nope': no local file")
+    with pytest.raises(RuntimeError, match="out of memory"):   # without `failures`: raised, as before
+        evaluate_model(str(tiny_model_dir), [bench], tmp_path / "raise", engine=BrokenEngine(answers),
+                       reward=ExactReward())
+
+
+# --- the authors' sampling and precision -------------------------------------------------------
+
+def test_default_top_p_is_the_authors(tmp_path, tiny_model_dir, arith):
+    """top_p 0.95 (Archer2.0 scripts/eval/run_eval.sh) reaches the engine and the records' settings."""
+    bench, answers = arith
+
+    class Recording(FakeEngine):
+        def generate(self, prompts, n=1, sampling=None):
+            self.sampling = sampling
+            return super().generate(prompts, n, sampling)
+
+    engine = Recording(answers)
+    result = evaluate_model(str(tiny_model_dir), [bench], tmp_path, engine=engine, reward=ExactReward(),
+                            limit=1)
+    assert engine.sampling.top_p == 0.95 and result["arith"]["settings"]["top_p"] == 0.95
+
+
+def test_eval_configs_sample_and_load_as_the_authors():
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    for name in ("table1", "table2", "table3"):
+        paper = yaml.safe_load((repo / "conf" / f"{name}.yaml").read_text())
+        tiny = yaml.safe_load((repo / "conf" / "tiny" / f"{name}.yaml").read_text())
+        assert paper["sampling"]["top_p"] == tiny["sampling"]["top_p"] == 0.95, name
+        assert paper["sampling"]["temperature"] == 0.8 and paper["dtype"] == "bfloat16", name
+        assert "dtype" in tiny and tiny["dtype"] is None, name     # the device's: fp32 on the CPU testbed
+
+
+def test_exported_checkpoint_runs_in_the_evaluation_dtype(tmp_path, tiny_model_dir, arith, monkeypatch):
+    """A trained checkpoint (fp32 master weights, exported in fp32) is evaluated in the same dtype
+    as a hub model: the engine gets `dtype` and casts on load; the dtype is pinned in the meta."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from aspo_lit.rollout import hf as hf_engine
+
+    bench, _ = arith
+    state = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    ckpt = tmp_path / "runs" / "aspo" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save({"state_dict": {f"policy.{k}": v for k, v in state.items()},
+                "hyper_parameters": {"model_name_or_path": str(tiny_model_dir), "torch_dtype": "float32"}}, ckpt)
+    loaded = {}
+    attach = hf_engine.HFEngine.attach
+
+    def spy(self, model, tokenizer, model_path=None):
+        attach(self, model, tokenizer, model_path)
+        loaded[str(model_path)] = self.model.dtype
+
+    monkeypatch.setattr(hf_engine.HFEngine, "attach", spy)
+    for model in (str(tiny_model_dir), str(ckpt)):
+        result = evaluate_model(model, [{**bench, "k": 1}], tmp_path / "eval", engine="hf", dtype="bfloat16",
+                                max_tokens=2, limit=1)
+        assert result["arith"]["settings"]["dtype"] == "bfloat16"
+    assert list(loaded.values()) == [torch.bfloat16, torch.bfloat16]
+    exported = next(p for p in loaded if p != str(tiny_model_dir))
+    assert json.loads((Path(exported) / "config.json").read_text())["dtype"] == "float32"   # lossless export
+    with pytest.raises(ValueError, match="dtype"):
+        evaluate_model(str(tiny_model_dir), [bench], tmp_path / "x", engine="hf", dtype="float64")
+    with pytest.raises(ValueError, match="engine_kwargs dtype"):
+        evaluate_model(str(tiny_model_dir), [bench], tmp_path / "y", engine="hf", dtype="bfloat16",
+                       engine_kwargs={"dtype": "float32"})

@@ -3,11 +3,14 @@
 Table 1 (math) has six; Table 2 (code) has LiveCodeBench v5 (2024-08-01 to 2025-02-01, K = 8)
 and v6 (2025-02-01 to 2025-05-01, K = 16) (paper §7.1 and Appendix B; Jain et al., 2025), graded
 by running the program on the problem's tests in a sandbox (``aspo_lit.rewards.code``). Their rows
-carry the test spec (``code_gold``) as ``answer`` and the LeetCode ``starter_code``; they load from
-the normalized JSONL copies (``<data dir>/code/lcb_v5.jsonl``, ``lcb_v6.jsonl``: public tests only,
-so scores are an upper bound on the official ones) or any file in LiveCodeBench's own layout given
-as ``path`` (``data_modules.code.load_code_rows``). LiveCodeBench's hub release needs a loading
-script and is not read here.
+carry the test spec (``code_gold``) as ``answer``, the LeetCode ``starter_code`` and
+``tests_scope``, which tests the spec holds: ``public+private`` (every test of the problem),
+``public_only`` or ``as_given`` (a file that does not say). By default they load from
+LiveCodeBench's release files on the hub (``aspo_lit.eval.livecodebench``: release v5 / v6
+selected by contest date, public + private tests); a local file takes precedence: the normalized
+JSONL copies (``<data dir>/code/lcb_v5.jsonl``, ``lcb_v6.jsonl``: public tests only, so scores are
+an upper bound on the official ones) or any file in LiveCodeBench's own layout given as ``path``
+(``data_modules.code``).
 
 Each benchmark loads from a local file (the normalized JSONL copies under $ASPO_DATA_DIR, docs/data.md,
 whose row counts are the ones the paper's numbers imply) or, when none is given or found, from its public
@@ -34,6 +37,8 @@ release, which has none):
   docs/data.md on the DeepScaleR copy's wrong sub-problem answers).
 - olympiadbench: Hothan/OlympiadBench, config OE_TO_maths_en_COMP (train, 675 rows; fields
   question/final_answer, a one-element list whose `$` are removed here).
+- lcb_v5, lcb_v6: livecodebench/code_generation_lite, its JSONL release files (release_v5 rows with
+  2024-08-01 <= contest_date < 2025-02-01: 279; release_v6 rows in [2025-02-01, 2025-05-01): 131).
 """
 from __future__ import annotations
 
@@ -56,6 +61,10 @@ class Benchmark:
     fields: dict = field(default_factory=dict)
     domain: str = "math"                # "math" (math-verify) | "code" (sandboxed tests) | "choice"
     choice_format: str | None = None    # "choice": the upstream row format, aspo_lit.eval.choice.FORMATS
+    # "code" from LiveCodeBench's hub files (aspo_lit.eval.livecodebench): the release read and the
+    # half-open contest-date window [start, end) kept
+    lcb_release: str | None = None
+    contest_dates: tuple | None = None
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
@@ -72,8 +81,10 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
     Benchmark("olympiadbench", 4, "olympiad", "olympiadbench.jsonl", "Hothan/OlympiadBench",
               hub_config="OE_TO_maths_en_COMP", split="train",
               fields={"problem": "question", "answer": "final_answer", "id": "id"}),
-    Benchmark("lcb_v5", 8, "lcb_v5", "code/lcb_v5.jsonl", domain="code"),
-    Benchmark("lcb_v6", 16, "lcb_v6", "code/lcb_v6.jsonl", domain="code"),
+    Benchmark("lcb_v5", 8, "lcb_v5", "code/lcb_v5.jsonl", "livecodebench/code_generation_lite",
+              domain="code", lcb_release="release_v5", contest_dates=("2024-08-01", "2025-02-01")),
+    Benchmark("lcb_v6", 16, "lcb_v6", "code/lcb_v6.jsonl", "livecodebench/code_generation_lite",
+              domain="code", lcb_release="release_v6", contest_dates=("2025-02-01", "2025-05-01")),
     Benchmark("arc_challenge", 4, "arc_challenge", "ood/arc_challenge.jsonl", "allenai/ai2_arc",
               hub_config="ARC-Challenge", split="test", domain="choice", choice_format="arc"),
     Benchmark("gpqa_diamond", 8, "gpqa_diamond", "ood/gpqa_diamond.jsonl", "Idavidrein/gpqa",
@@ -101,6 +112,8 @@ def get_benchmark(spec) -> Benchmark:
     base = BENCHMARKS.get(name)
     known = {f for f in Benchmark.__dataclass_fields__ if f != "name"}
     overrides = {key: value for key, value in spec.items() if key in known}
+    if overrides.get("contest_dates") is not None:
+        overrides["contest_dates"] = tuple(overrides["contest_dates"])
     if base is not None:
         return Benchmark(**{**base.__dict__, **overrides})
     if "k" not in overrides:
@@ -142,6 +155,9 @@ def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
         return load_choice_hub(bench.hub_id, bench.hub_config, bench.split, bench.choice_format,
                                bench.fields)
     if bench.domain == "code":
+        if bench.hub_id and bench.lcb_release:
+            from aspo_lit.eval.livecodebench import load_lcb_release
+            return load_lcb_release(bench.lcb_release, bench.contest_dates, bench.hub_id)
         raise FileNotFoundError(f"benchmark {bench.name!r}: no local file {bench.filename} in {data_dir}; "
                                 "give its path (a normalized JSONL or LiveCodeBench's own layout), e.g. "
                                 f"--data_paths '{{{bench.name}: FILE}}' or $ASPO_DATA_DIR")
@@ -163,15 +179,31 @@ def _load_local(bench: Benchmark, path: Path) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"benchmark {bench.name!r}: {path} does not exist")
     if bench.domain == "code":
-        from data_modules.code import load_code_rows
-
-        rows, _ = load_code_rows(str(path), on_bad_row="error")
-        return [{"id": r["id"], "problem": r["problem"], "answer": r["answer"],
-                 "starter_code": r["starter_code"]} for r in rows]
+        return _load_code_local(path)
     if bench.domain == "choice":   # the upstream layout, normalized as the hub rows are
         from aspo_lit.eval.choice import load_choice_local
         return load_choice_local(path, bench.choice_format, bench.fields)
     rows, _ = load_rows(str(path), "problem", "answer", on_bad_row="error")
+    _check_unique_ids(rows, str(path))
+    return rows
+
+
+def _load_code_local(path: Path) -> list[dict]:
+    """Code rows of a local file or folder, each with the ``tests_scope`` its raw row implies:
+    LiveCodeBench's layout (``private_test_cases``) holds every test; the staged copies say
+    ``public_only``; anything else is graded on the tests it holds (``as_given``)."""
+    from data_modules.code import normalize_code_row
+    from data_modules.sources import collect_rows
+
+    def check(raw, where):
+        row = normalize_code_row(raw, where)
+        scope = "public+private" if "private_test_cases" in raw else raw.get("tests_scope") or "as_given"
+        return {"id": row["id"], "problem": row["problem"], "answer": row["answer"],
+                "starter_code": row["starter_code"], "tests_scope": str(scope)}
+
+    rows, _ = collect_rows(str(path), "train", "error", check)
+    if not rows:
+        raise ValueError(f"{path}: no code rows")
     _check_unique_ids(rows, str(path))
     return rows
 

@@ -41,7 +41,23 @@ from aspo_lit.rewards import extract_answer
 
 log = logging.getLogger(__name__)
 
-SAMPLING_DEFAULTS = {"temperature": 0.8, "top_p": 1.0, "max_tokens": 32768, "seed": 0}
+#: The paper states T = 0.8 (§7.1) and 32,768 new tokens (Appendix B); top_p 0.95 is the authors'
+#: evaluation scripts' (Archer2.0, scripts/eval/run_eval.sh: `top_p=0.95` for LiveCodeBench v5 and
+#: v6; tools/run_eval_pipeline.sh: `top_p=0.95` for LiveCodeBench, AIME24 and AIME25), with top_k off.
+SAMPLING_DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "max_tokens": 32768, "seed": 0}
+EVAL_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def eval_dtype(dtype: str | None = None) -> str:
+    """The dtype every row of an evaluation runs in, hub baselines and exported checkpoints alike:
+    `dtype` as given, else bf16 on GPU (the authors' vLLM rollouts: `rollout.dtype: bfloat16`,
+    Archer2.0 verl/trainer/config/generation.yaml) and fp32 on CPU (the testbed, trained in fp32)."""
+    if dtype is None:
+        import torch
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    if dtype not in EVAL_DTYPES:
+        raise ValueError(f"dtype must be one of {EVAL_DTYPES} (or null: bf16 on GPU, fp32 on CPU), got {dtype!r}")
+    return dtype
 
 
 # --- models ------------------------------------------------------------------------------------
@@ -213,46 +229,71 @@ def benchmark_metrics(correct_counts: list[int], k: int) -> dict[str, float]:
 
 # --- evaluation --------------------------------------------------------------------------------
 
-def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8, top_p=1.0,
-                   max_tokens=32768, engine="auto", limit=None, seed=0, *, tag=None,
-                   data_dir=None, template="chat", enable_thinking=False, reward=None,
-                   samples_per_call=1024, engine_kwargs=None, code_reward=None,
-                   system_prompt=None) -> dict[str, dict]:
+def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8,
+                   top_p=SAMPLING_DEFAULTS["top_p"], max_tokens=32768, engine="auto", limit=None,
+                   seed=0, *, tag=None, data_dir=None, template="chat", enable_thinking=False,
+                   reward=None, samples_per_call=1024, engine_kwargs=None, code_reward=None,
+                   system_prompt=None, dtype=None, failures: dict[str, str] | None = None) -> dict[str, dict]:
     """Evaluate one model on benchmarks; returns {benchmark: metrics} (see `done.json`).
 
-    benchmarks: names ("aime24", ...) or dicts {"name", "path"?, "k"?, "limit"?, ...}.
+    benchmarks: names ("aime24", ...) or dicts {"name", "path"?, "k"?, "limit"?, "rows"?, ...}
+    ("rows": the benchmark's rows, already loaded).
     k: None (each benchmark's paper K), an int, or {name: K}. limit: first N problems.
-    engine: "auto" / an engine name for `aspo_lit.rollout.build_engine`, or a RolloutEngine.
+    engine: "auto" / an engine name for `aspo_lit.rollout.build_engine`, or a RolloutEngine (used
+    as it is: `dtype` does not reach it).
+    dtype: the model's dtype in the engine (`eval_dtype`: default bf16 on GPU, fp32 on CPU).
     reward: an object with `.batch(texts, golds)` for math benchmarks; default `MathVerifyReward()`.
     code_reward: for code benchmarks, such an object or a dict of `CodeReward` arguments (e.g.
     `{"sandbox": "bwrap", "timeout_s": 6}`); default `CodeReward()`.
     system_prompt: an optional system message for code prompts (default none).
+    failures: None: the first benchmark that cannot be loaded or evaluated raises. A dict: each
+    such benchmark is recorded there ({name: reason}) and the others are evaluated.
     """
     out = Path(out_dir) / (tag or model_tag(model))
     out.mkdir(parents=True, exist_ok=True)
     session = _Session(model, out, engine, engine_kwargs, template, enable_thinking, reward,
                        cache_dir=Path(out_dir) / ".exported", code_reward=code_reward,
-                       system_prompt=system_prompt)
+                       system_prompt=system_prompt, dtype=eval_dtype(dtype))
     sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}
     results = {}
     try:
         for spec in benchmarks:
-            if isinstance(spec, Benchmark):
-                spec = {**spec.__dict__}
-            spec = {"name": spec} if isinstance(spec, str) else dict(spec)
-            # K: the benchmark entry's own, else the call's (int or per name), else the paper's
-            spec["k"] = spec.get("k") or (k.get(spec["name"]) if isinstance(k, dict) else k)
-            spec = {key: value for key, value in spec.items() if value is not None}
-            bench = get_benchmark(spec)
-            bench_limit = spec.get("limit", limit)
-            rows = load_benchmark(bench, path=spec.get("path"), data_dir=data_dir)
-            rows = rows[:bench_limit] if bench_limit else rows
-            results[bench.name] = _evaluate_benchmark(session, bench, rows, bench.k, sampling,
-                                                      samples_per_call)
+            spec = benchmark_spec(spec, k)
+            try:
+                bench = get_benchmark(spec)
+                rows = spec.get("rows")
+                if rows is None:
+                    rows = load_benchmark(bench, path=spec.get("path"), data_dir=data_dir)
+                bench_limit = spec.get("limit", limit)
+                rows = rows[:bench_limit] if bench_limit else rows
+                results[bench.name] = _evaluate_benchmark(session, bench, rows, bench.k, sampling,
+                                                          samples_per_call)
+            except Exception as e:   # noqa: BLE001 - with `failures`, one benchmark must not lose the others
+                if failures is None:
+                    raise
+                failures[spec["name"]] = failure_reason(e)
+                log.error("%s: %s failed — %s", out.name, spec["name"], failures[spec["name"]],
+                          exc_info=not isinstance(e, (FileNotFoundError, ConnectionError)))
     finally:
         session.close()
     write_model_results(out, results)
     return results
+
+
+def benchmark_spec(spec, k=None) -> dict:
+    """A benchmark entry as a dict {"name", "k"?, ...}: K is the entry's own, else the call's (an
+    int or {name: K}), else (absent) the paper's."""
+    if isinstance(spec, Benchmark):
+        spec = {**spec.__dict__}
+    spec = {"name": spec} if isinstance(spec, str) else dict(spec)
+    spec["k"] = spec.get("k") or (k.get(spec["name"]) if isinstance(k, dict) else k)
+    return {key: value for key, value in spec.items() if value is not None}
+
+
+def failure_reason(error: BaseException) -> str:
+    """One line saying why: the exception's type and the first line of its message."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
 
 
 class _Session:
@@ -260,9 +301,15 @@ class _Session:
     (a model whose benchmarks are all done never loads)."""
 
     def __init__(self, model, out, engine, engine_kwargs, template, enable_thinking, reward,
-                 cache_dir, code_reward=None, system_prompt=None):
+                 cache_dir, code_reward=None, system_prompt=None, dtype="float32"):
         self.model, self.out, self.engine_spec = str(model), out, engine
-        self.engine_kwargs = engine_kwargs or {}
+        self.engine_kwargs = dict(engine_kwargs or {})
+        if self.engine_kwargs.get("dtype", dtype) != dtype:
+            raise ValueError(f"engine_kwargs dtype {self.engine_kwargs['dtype']!r} differs from the "
+                             f"evaluation dtype {dtype!r}: set `dtype` alone")
+        # an engine instance is used as it is: record its own dtype, if it says
+        self.dtype = dtype if isinstance(engine, str) else getattr(engine, "dtype", None)
+        self._engine_error = None
         self.template, self.enable_thinking = template, enable_thinking
         self.cache_dir = cache_dir
         self.reward_spec, self._reward, self._engine, self.tokenizer = reward, reward, None, None
@@ -277,7 +324,8 @@ class _Session:
         from aspo_lit.models import resolve_model_path
         weights = self.model if is_checkpoint(self.model) else resolve_model_path(self.model)
         return {"model": self.model, "model_fingerprint": model_fingerprint(weights),
-                "template": self.template, "enable_thinking": self.enable_thinking}
+                "template": self.template, "enable_thinking": self.enable_thinking,
+                "dtype": self.dtype}
 
     @property
     def reward(self):
@@ -316,15 +364,24 @@ class _Session:
 
     @property
     def engine(self):
+        """Built on first use; the model is loaded in `self.dtype` (an exported checkpoint, saved in
+        its training dtype, is cast on load like a hub model). An engine that failed to start is
+        not retried for the next benchmark: its error is raised again."""
+        if self._engine_error is not None:
+            raise RuntimeError(f"the engine did not start: {self._engine_error}")
         if self._engine is None:
-            from aspo_lit.models import load_tokenizer
-            path = resolve_model(self.model, self.cache_dir)
-            self.tokenizer = load_tokenizer(path)
-            engine = self.engine_spec
-            if isinstance(engine, str):
-                from aspo_lit.rollout import build_engine
-                engine = build_engine(engine, **self.engine_kwargs)
-            engine.attach(None, self.tokenizer, path)   # the engine loads the weights itself
+            try:
+                from aspo_lit.models import load_tokenizer
+                path = resolve_model(self.model, self.cache_dir)
+                self.tokenizer = load_tokenizer(path)
+                engine = self.engine_spec
+                if isinstance(engine, str):
+                    from aspo_lit.rollout import build_engine
+                    engine = build_engine(engine, **{**self.engine_kwargs, "dtype": self.dtype})
+                engine.attach(None, self.tokenizer, path)   # the engine loads the weights itself
+            except Exception as e:
+                self._engine_error = failure_reason(e)
+                raise
             self._engine = engine
         return self._engine
 
@@ -353,7 +410,7 @@ def _evaluate_benchmark(session, bench, rows, k, sampling, samples_per_call) -> 
     done_path = out / f"{bench.name}.done.json"
     ids = [r["id"] for r in rows]
     ids_sha1 = hashlib.sha1("\n".join(ids).encode()).hexdigest()
-    meta = {**session.meta_for(bench), **sampling}
+    meta = {**session.meta_for(bench), **_grading_meta(session, bench, rows), **sampling}
     _check_meta(out / f"{bench.name}.meta.json", meta)
     if done_path.is_file():
         done = json.loads(done_path.read_text())
@@ -389,6 +446,18 @@ def _evaluate_benchmark(session, bench, rows, k, sampling, samples_per_call) -> 
             "problem_ids_sha1": ids_sha1, "settings": meta}
     _write_json(done_path, done)
     return done
+
+
+def _grading_meta(session, bench, rows) -> dict:
+    """What a code benchmark's verdicts depend on besides the samples: which tests its rows hold
+    (`tests_scope`) and the grader's limits."""
+    if bench.domain != "code":
+        return {}
+    reward = session.code_reward
+    limits = {name: getattr(reward, name, None) for name in
+              ("timeout_s", "max_total_timeout_s", "memory_limit_mb", "max_tests", "use_row_limits")}
+    return {"tests_scope": ",".join(sorted({str(r.get("tests_scope") or "as_given") for r in rows})),
+            "code_grader": limits}
 
 
 def _check_meta(path: Path, meta: dict) -> None:
@@ -524,7 +593,8 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
              max_tokens: int = SAMPLING_DEFAULTS["max_tokens"], seed: int = SAMPLING_DEFAULTS["seed"],
              engine: str = "auto", template: Literal["chat", "plain"] = "chat",
              sandbox: Literal["bwrap", "rlimit"] = "bwrap", reward_timeout: float = 6.0,
-             reward_workers: int | None = None) -> int:
+             reward_workers: int | None = None,
+             dtype: Literal["bfloat16", "float16", "float32"] | None = None) -> int:
     """avg@K / pass@K of one model on the math, code or multiple-choice benchmarks.
 
     Args:
@@ -538,7 +608,7 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
         k: samples per problem (default: the paper's K).
         limit: the first N problems of each benchmark.
         temperature: sampling temperature (the paper: 0.8).
-        top_p: nucleus sampling.
+        top_p: nucleus sampling (the authors' evaluation scripts: 0.95).
         max_tokens: new tokens per sample.
         seed: sampling seed.
         engine: 'auto', 'hf' or 'vllm' (aspo_lit.rollout.build_engine).
@@ -546,6 +616,8 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
         sandbox: code benchmarks: bubblewrap (default) or rlimit-only isolation (opt-in).
         reward_timeout: code benchmarks: seconds per test (LiveCodeBench: 6).
         reward_workers: code benchmarks: programs graded in parallel (default: CPU count).
+        dtype: the weights' dtype in the engine, checkpoints and hub models alike (null: bfloat16
+            on GPU, as the authors; float32 on CPU).
     """
     _setup_logging()
     from aspo_lit.eval.datasets import TABLE1_BENCHMARKS
@@ -553,7 +625,7 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
     names = benchmarks or list(TABLE1_BENCHMARKS)
     evaluate_model(model, [{"name": n, "path": paths.get(n)} for n in names], out, k=k,
                    temperature=temperature, top_p=top_p, max_tokens=max_tokens, engine=engine,
-                   limit=limit, seed=seed, tag=tag, data_dir=data_dir, template=template,
+                   limit=limit, seed=seed, tag=tag, data_dir=data_dir, template=template, dtype=dtype,
                    code_reward={"sandbox": sandbox, "timeout_s": reward_timeout, "num_workers": reward_workers})
     folder = Path(out) / (tag or model_tag(model))
     print((folder / "results.md").read_text())
@@ -654,8 +726,14 @@ def run_table(config: dict, compare_paper: bool | None = None, only: list[str] |
               root: Path | None = None, table: str | None = None):
     """Evaluate every row of a table config (`table: table1 | table2 | table3`, default table1) whose model
     is available and render the table beside the paper's. Code benchmarks are graded by
-    `CodeReward(**config["code_reward"])`."""
-    from aspo_lit.eval.tables import render_table
+    `CodeReward(**config["code_reward"])`.
+
+    Each (model, benchmark) cell is computed or marked missing on its own, with its reason: every
+    benchmark is loaded once, before any model, and one that does not load (hub unreachable, no
+    local file) or whose evaluation fails leaves only its own cells missing. The table's last line
+    counts the cells (`count_cells`). Returns (markdown, rows) of `render_table`; a row's status is
+    "ok", "incomplete" (its model was evaluated, some cells are missing) or "missing" (no model)."""
+    from aspo_lit.eval.tables import lcb_tests_note, render_table
 
     table = table or config.get("table", "table1")
     root = Path(root or Path.cwd())
@@ -663,12 +741,16 @@ def run_table(config: dict, compare_paper: bool | None = None, only: list[str] |
     out_dir = out_dir if out_dir.is_absolute() else root / out_dir
     compare = config.get("compare_paper", False) if compare_paper is None else compare_paper
     sampling = {**SAMPLING_DEFAULTS, **(config.get("sampling") or {})}
-    benchmarks = prepare_benchmark_files(list(config["benchmarks"]), out_dir)
-    results, missing, hub_unreachable = {}, {}, False
+    specs = [benchmark_spec(spec, config.get("k"))
+             for spec in prepare_benchmark_files(list(config["benchmarks"]), out_dir)]
+    loaded, unavailable = load_table_benchmarks(specs, config.get("data_dir"))
+    results, missing, failed_cells, graded = {}, {}, {}, {}
+    hub_unreachable, n_rows = False, 0
     for row in config["rows"]:
         key = (row["base_model"], row["method"])
         if only and not any(o in f"{key[0]}/{key[1]}" for o in only):
             continue
+        n_rows += 1
         model, reason = _row_model(str(row["model"]), root), None
         if model is None:
             reason = f"no file matches {row['model']}"
@@ -681,24 +763,76 @@ def run_table(config: dict, compare_paper: bool | None = None, only: list[str] |
             log.warning("%s / %s: missing — %s", *key, missing[key])
             continue
         row_sampling = {**sampling, **(row.get("sampling") or {})}
+        failed = dict(unavailable)
+        per_bench = {}
         try:
-            per_bench = evaluate_model(
-                model, benchmarks, out_dir / "models", k=config.get("k"),
-                limit=config.get("limit"), engine=config.get("engine", "auto"),
-                engine_kwargs=row.get("engine_kwargs", config.get("engine_kwargs")),
-                data_dir=config.get("data_dir"),
-                template=row.get("template", config.get("template", "chat")),
-                enable_thinking=row.get("enable_thinking", config.get("enable_thinking", False)),
-                tag=row.get("tag"), samples_per_call=config.get("samples_per_call", 1024),
-                code_reward=config.get("code_reward"), system_prompt=config.get("system_prompt"),
-                **row_sampling)
+            if loaded:
+                per_bench = evaluate_model(
+                    model, loaded, out_dir / "models", k=config.get("k"),
+                    limit=config.get("limit"), engine=config.get("engine", "auto"),
+                    engine_kwargs=row.get("engine_kwargs", config.get("engine_kwargs")),
+                    data_dir=config.get("data_dir"), dtype=config.get("dtype"),
+                    template=row.get("template", config.get("template", "chat")),
+                    enable_thinking=row.get("enable_thinking", config.get("enable_thinking", False)),
+                    tag=row.get("tag"), samples_per_call=config.get("samples_per_call", 1024),
+                    code_reward=config.get("code_reward"), system_prompt=config.get("system_prompt"),
+                    failures=failed, **row_sampling)
         except Exception as e:   # noqa: BLE001 - one failed row must not lose the others
             log.exception("%s / %s: evaluation failed", *key)
-            missing[key] = f"evaluation failed: {type(e).__name__}: {e}"
-            continue
-        results[key] = table_columns(per_bench)
+            failed.update({s["name"]: f"evaluation failed: {failure_reason(e)}" for s in loaded})
+        computed = table_columns(per_bench)   # in the config's benchmark order, missing cells as None
+        ordered = {column: computed.get(column) for spec in specs for column in _columns_of(specs, spec["name"])}
+        results[key] = {**ordered, **computed}
+        failed_cells[key] = {spec["name"]: failed[spec["name"]] for spec in specs if spec["name"] in failed}
+        for name, done in per_bench.items():
+            settings = done.get("settings") or {}
+            if "tests_scope" in settings:
+                graded.setdefault(name, set()).add(
+                    (settings["tests_scope"], (settings.get("code_grader") or {}).get("timeout_s")))
+    note = config.get("note")
+    if note is None and table == "table2":
+        note = lcb_tests_note(graded)
+    missing_cells = {key: {column: f"{name}: {why}" for name, why in failed.items()
+                           for column in _columns_of(specs, name)} for key, failed in failed_cells.items()}
     return render_table(results, table, compare_paper=compare, missing=missing, out_dir=out_dir,
-                        note=config.get("note"))
+                        note=note, missing_cells=missing_cells,
+                        footer=count_cells(n_rows * len(specs), len(missing) * len(specs),
+                                           sum(len(failed) for failed in failed_cells.values())))
+
+
+def load_table_benchmarks(specs: list[dict], data_dir=None) -> tuple[list[dict], dict[str, str]]:
+    """Every benchmark of a table loaded once: (the specs that loaded, each with its `rows`;
+    {name: why} for those that did not)."""
+    loaded, unavailable = [], {}
+    for spec in specs:
+        try:
+            rows = load_benchmark(get_benchmark(spec), path=spec.get("path"), data_dir=data_dir)
+        except Exception as e:   # noqa: BLE001 - a benchmark that cannot load loses only its cells
+            unavailable[spec["name"]] = failure_reason(e)
+            log.warning("%s: cannot be loaded, its cells will be missing — %s", spec["name"],
+                        unavailable[spec["name"]])
+            continue
+        loaded.append({**spec, "rows": rows})
+    return loaded, unavailable
+
+
+def _columns_of(specs: list[dict], name: str) -> list[str]:
+    """The table columns of a benchmark (`<column>_avg@K`, `<column>_pass@K`)."""
+    spec = next(s for s in specs if s["name"] == name)
+    try:
+        bench = get_benchmark(spec)
+    except (KeyError, ValueError):   # not even a valid benchmark: one column under its name
+        return [name]
+    return [f"{bench.column}_avg@{bench.k}", f"{bench.column}_pass@{bench.k}"]
+
+
+def count_cells(total: int, no_model: int, failed: int) -> str:
+    """The table's last line: of `total` (model, benchmark) cells, how many were computed and why
+    the others are missing (`no_model`: the row's model is not there; `failed`: the benchmark did
+    not load, or its evaluation failed). `table` exits 1 when `failed` > 0."""
+    return (f"Cells (model x benchmark): {total - no_model - failed} of {total} computed, "
+            f"{no_model + failed} missing ({no_model} without a model, {failed} whose benchmark did not "
+            "load or whose evaluation failed).")
 
 
 def run_table3(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
@@ -715,10 +849,16 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
           template: Literal["chat", "plain"] = "chat", enable_thinking: bool = False,
           sampling: dict[str, Any] | None = None, samples_per_call: int = 1024,
           code_reward: dict[str, Any] | None = None, system_prompt: str | None = None,
-          note: str | None = None, only: list[str] | None = None) -> int:
+          note: str | None = None, dtype: Literal["bfloat16", "float16", "float32"] | None = None,
+          only: list[str] | None = None) -> int:
     """Evaluate a table config's rows (missing models are reported, not fabricated) and print the
     table beside the paper's: Table 1 (math), Table 2 (LiveCodeBench, in the code sandbox) or
     Table 3 (ARC-Challenge, GPQA-Diamond, MMLU-Pro: lettered options, last boxed letter).
+
+    Each (model, benchmark) cell is computed or marked missing with its reason; the last line
+    printed counts them. Exit status 0 when every cell of every available model was computed
+    (rows whose model is not there yet are listed as missing), 1 when a benchmark did not load
+    or an evaluation failed (the table is still written, with those cells missing).
 
     Args:
         rows: {base_model, method, model, produced_by?, tag?, sampling?, engine_kwargs?, template?,
@@ -738,15 +878,18 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
         samples_per_call: samples per engine call (a preemption loses at most one call).
         code_reward: CodeReward arguments for code benchmarks (sandbox, timeout_s, num_workers).
         system_prompt: a system turn before every prompt (code: LiveCodeBench's).
-        note: a line printed under the table.
+        note: a line printed under the table (Table 2's default: which tests were graded).
+        dtype: every row's weights in the engine, hub baselines and exported checkpoints alike
+            (null: bfloat16 on GPU, as the authors; float32 on CPU).
         only: evaluate only rows whose 'base_model/method' contains one of these.
     """
     _setup_logging()
     config = {key: value for key, value in locals().items() if key not in ("only", "table")}
     config["out_dir"] = out_dir or f"runs/{table}"
-    markdown, _ = run_table(config, compare_paper=compare_paper, only=only, table=table)
+    markdown, rendered = run_table(config, compare_paper=compare_paper, only=only, table=table)
     print(markdown)
     folder = Path(config["out_dir"])
     print(f"written: {folder / f'{table}.md'}, {folder / f'{table}.csv'}; per-model results under "
           f"{folder / 'models'}")
-    return 0
+    print(markdown.rstrip().splitlines()[-1])   # the count of computed and missing cells, last
+    return 1 if any(r["status"] == "incomplete" for r in rendered) else 0
