@@ -269,6 +269,16 @@ def test_missing_bwrap_is_one_clear_line():
     assert r("no code here", stdin_gold(("", "1"))) == 0.0     # nothing to run: no sandbox needed
 
 
+def test_per_test_limit_above_the_program_bound_is_an_error():
+    """A 150 s per-test limit (the authors' Table 2) under the default 120 s per-program bound would
+    be cut to 120 s without a word: it is refused, naming both keys."""
+    with pytest.raises(ValueError, match="timeout_s=150.0 .*max_total_timeout_s=120.0"):
+        CodeReward(timeout_s=150.0)
+    with pytest.raises(ValueError, match="total_timeout_s=10"):
+        CodeReward(timeout_s=20.0, total_timeout_s=10)
+    assert CodeReward(timeout_s=150.0, max_total_timeout_s=float("inf")).timeout_s == 150.0
+
+
 def test_picklable():
     r = CodeReward(timeout_s=2.0, sandbox="rlimit")
     clone = pickle.loads(pickle.dumps(r))

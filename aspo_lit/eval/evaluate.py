@@ -593,6 +593,7 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
              max_tokens: int = SAMPLING_DEFAULTS["max_tokens"], seed: int = SAMPLING_DEFAULTS["seed"],
              engine: str = "auto", template: Literal["chat", "plain"] = "chat",
              sandbox: Literal["bwrap", "rlimit"] = "bwrap", reward_timeout: float = 6.0,
+             reward_total_timeout: float = 120.0,
              reward_workers: int | None = None,
              dtype: Literal["bfloat16", "float16", "float32"] | None = None) -> int:
     """avg@K / pass@K of one model on the math, code or multiple-choice benchmarks.
@@ -614,7 +615,9 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
         engine: 'auto', 'hf' or 'vllm' (aspo_lit.rollout.build_engine).
         template: the model's chat template ('chat') or the bare message ('plain').
         sandbox: code benchmarks: bubblewrap (default) or rlimit-only isolation (opt-in).
-        reward_timeout: code benchmarks: seconds per test (LiveCodeBench: 6).
+        reward_timeout: code benchmarks: seconds per test (LiveCodeBench: 6; the authors' Table 2: 150).
+        reward_total_timeout: code benchmarks: seconds per program over all its tests (the bound on
+            DeepCoder's ``(per-test + 1) * tests + 5``; ``inf`` lifts it, as conf/table2.yaml).
         reward_workers: code benchmarks: programs graded in parallel (default: CPU count).
         dtype: the weights' dtype in the engine, checkpoints and hub models alike (null: bfloat16
             on GPU, as the authors; float32 on CPU).
@@ -626,7 +629,8 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
     evaluate_model(model, [{"name": n, "path": paths.get(n)} for n in names], out, k=k,
                    temperature=temperature, top_p=top_p, max_tokens=max_tokens, engine=engine,
                    limit=limit, seed=seed, tag=tag, data_dir=data_dir, template=template, dtype=dtype,
-                   code_reward={"sandbox": sandbox, "timeout_s": reward_timeout, "num_workers": reward_workers})
+                   code_reward={"sandbox": sandbox, "timeout_s": reward_timeout, "num_workers": reward_workers,
+                                "max_total_timeout_s": reward_total_timeout})
     folder = Path(out) / (tag or model_tag(model))
     print((folder / "results.md").read_text())
     print(f"per-sample records and results in {folder}")

@@ -224,6 +224,12 @@ class CodeReward:
             raise ValueError(f"sandbox must be one of {SANDBOXES}, got {sandbox!r}")
         if timeout_s <= 0 or memory_limit_mb <= 0 or max_output_mb <= 0 or max_processes < 1:
             raise ValueError("timeout_s, memory_limit_mb, max_output_mb and max_processes must be positive")
+        if timeout_s > max_total_timeout_s or (total_timeout_s is not None and timeout_s > total_timeout_s):
+            # one test's limit above the whole program's bound would be cut silently
+            bound = "total_timeout_s" if total_timeout_s is not None and timeout_s > total_timeout_s else "max_total_timeout_s"
+            raise ValueError(f"timeout_s={timeout_s} (per test) exceeds {bound}="
+                             f"{total_timeout_s if bound == 'total_timeout_s' else max_total_timeout_s} "
+                             "(per program, over all its tests): raise the latter too")
         self.sandbox = sandbox
         self.timeout_s = float(timeout_s)
         self.total_timeout_s = total_timeout_s
