@@ -345,3 +345,21 @@ def test_staged_code_training_sets_counts(shared_data_dir):
                    "deepcoder_lcb/rows": 580, "deepcoder_lcb/bad_rows": 0, "deepcoder_lcb/duplicates": 0,
                    "deepcoder_lcb/kept": 580}
     assert len(rows) == 745
+
+
+def test_reward_is_a_typed_class_path():
+    """``data.init_args.reward`` takes a ``class_path`` (a `RewardFn`), instantiated by jsonargparse;
+    a class that is not a reward is refused when the config is parsed."""
+    from jsonargparse import ArgumentParser
+
+    from aspo_lit.rewards import MathVerifyReward
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(MathRLDataModule, "data")
+    cfg = parser.parse_object({"data": {"reward": {"class_path": "aspo_lit.rewards.MathVerifyReward",
+                                                   "init_args": {"timeout_s": 3.0}}}})
+    data = parser.instantiate_classes(cfg).data
+    assert isinstance(data.reward, MathVerifyReward) and data.reward.timeout_s == 3.0
+    with pytest.raises(Exception, match="reward"):
+        parser.parse_object({"data": {"reward": {"class_path": "data_modules.filters.FieldIn",
+                                                 "init_args": {"field": "a", "values": [1]}}}})
