@@ -363,3 +363,26 @@ def test_reward_is_a_typed_class_path():
     with pytest.raises(Exception, match="reward"):
         parser.parse_object({"data": {"reward": {"class_path": "data_modules.filters.FieldIn",
                                                  "init_args": {"field": "a", "values": [1]}}}})
+
+
+def test_counts_reach_the_run_loggers_on_a_fresh_run(hub):
+    """The per-source counts go to ``stats`` and, at step 0 of a fresh run, to every logger (not again
+    on a resume, which would log them at a step the uninterrupted run does not have)."""
+    from types import SimpleNamespace
+
+    class Logger:
+        def __init__(self):
+            self.logged = []
+
+        def log_metrics(self, metrics, step):
+            self.logged.append((step, dict(metrics)))
+
+    for global_step, expect in ((0, True), (7, False)):
+        logger = Logger()
+        data = MathRLDataModule(train_files=[Source(**SKYWORK_SOURCE)], on_bad_row="skip")
+        data.trainer = SimpleNamespace(global_step=global_step, is_global_zero=True, loggers=[logger])
+        data.load_train_rows()
+        assert data.stats["data/train/skywork/filter/difficulty"] == 2.0
+        assert bool(logger.logged) == expect
+        if expect:
+            assert logger.logged[0][0] == 0 and logger.logged[0][1]["data/train/skywork/kept"] == 1.0
