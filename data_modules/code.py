@@ -228,7 +228,7 @@ class CodeRLDataModule(MathRLDataModule):
             return normalize_code_row(raw, where)
         if source.layout != "fields":
             view = layout_row(raw, source.layout, where, source.fields.get("tests"))
-            problem_path = source.layout
+            problem_path = "description"
         else:
             view = dict(raw)
             for ours in source.fields:

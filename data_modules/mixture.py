@@ -85,6 +85,9 @@ class Source:
         if self.template is not None and self.template.count("{problem}") != 1:
             raise ValueError(f"source {self.tag!r}: template must contain '{{problem}}' exactly once")
         self.filters = [_as_filter(f, self.tag) for f in self.filters]
+        names = [f.name for f in self.filters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"source {self.tag!r}: filters need distinct names (counts are kept per name), got {names}")
 
     @property
     def tag(self) -> str:
@@ -142,16 +145,16 @@ def normalized_problem(text: str) -> str:
     return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
-def source_rows(source: Source) -> tuple[str, Iterator[tuple[str, Any]]]:
-    """(origin, (location, raw row) pairs) of a source: its staged copy, its hub data files, or
-    its path (a local file or folder, or a hub dataset through ``datasets``)."""
+def source_rows(source: Source) -> tuple[str, bool, Iterator[tuple[str, Any]]]:
+    """(origin, staged?, (location, raw row) pairs) of a source: its staged copy, its hub data
+    files, or its path (a local file or folder, or a hub dataset through ``datasets``)."""
     staged = source.staged_file()
     if staged is not None:
-        return f"staged {staged}", raw_rows(str(staged), source.split)
+        return f"staged {staged}", True, raw_rows(str(staged), source.split)
     if source.data_files:
-        return f"hub {source.path} files", _hub_file_rows(source)
+        return f"hub {source.path} files", False, _hub_file_rows(source)
     target = f"{source.path}:{source.name}" if source.name else source.path
-    return target, raw_rows(target, source.split)
+    return target, False, raw_rows(target, source.split)
 
 
 def _hub_file_rows(source: Source) -> Iterator[tuple[str, Any]]:
@@ -179,11 +182,11 @@ def load_mixture(sources: list[Source], convert: Convert, on_bad_row: str = "err
     kept_answer: dict[str, Any] = {}
     reports = []
     for source in sources:
-        origin, raws = source_rows(source)
+        origin, staged, raws = source_rows(source)
         report = SourceReport(source.tag, origin, filtered={f.name: 0 for f in source.filters})
         for where, raw in raws:
             report.rows += 1
-            row = _usable(raw, source, where, convert, report, on_bad_row, staged=origin.startswith("staged"))
+            row = _usable(raw, source, where, convert, report, on_bad_row, staged)
             if row is None:
                 continue
             key = normalized_problem(row["problem"]) if dedup else None

@@ -302,6 +302,8 @@ def test_source_config_errors():
         load_mixture([Source(path="a/x"), Source(path="b/x")], lambda *a: {})
     with pytest.raises(ValueError, match="RowFilter"):
         Source(path="x/y", filters=[{"field": "a"}])
+    with pytest.raises(ValueError, match="distinct names"):
+        Source(path="x/y", filters=[FieldIn("a", [1]), FieldIn("a", [2])])
     with pytest.raises(ValueError, match="both be numbers or both strings"):
         FieldRange("d", min=1, max="2025")
     with pytest.raises(ValueError, match="layout 'codeforces' is for code rows"):
