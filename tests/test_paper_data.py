@@ -4,6 +4,10 @@ set. Shipping another dataset fails here."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
+import os
 import re
 from pathlib import Path
 
@@ -53,15 +57,22 @@ PAPER = {   # config files -> (model, training sources, held-out sources)
 }
 
 
-def effective(capsys, configs) -> dict:
+@functools.lru_cache(maxsize=None)
+def _print_config(configs: tuple[str, ...], data_dir: str | None) -> str:
+    """The effective config (``fit --print_config``) under one value of $ASPO_DATA_DIR."""
     args = ["fit"] + [w for c in configs for w in ("--config", str(REPO / c))] + ["--print_config"]
-    try:
-        code = main(args)
-    except SystemExit as exc:   # jsonargparse exits after --print_config
-        code = exc.code
-    out = capsys.readouterr()
-    assert code in (0, None), out.out + out.err
-    return yaml.safe_load(out.out)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(args)
+        except SystemExit as exc:   # jsonargparse exits after --print_config
+            code = exc.code
+    assert code in (0, None), out.getvalue() + err.getvalue()
+    return out.getvalue()
+
+
+def effective(configs) -> dict:
+    return yaml.safe_load(_print_config(tuple(configs), os.environ.get("ASPO_DATA_DIR")))
 
 
 def _filter(spec) -> tuple:
@@ -86,10 +97,10 @@ def test_every_shipped_fit_config_is_listed():
 
 
 @pytest.mark.parametrize("name", list(PAPER))
-def test_shipped_config_trains_on_the_papers_data(name, capsys, monkeypatch):
+def test_shipped_config_trains_on_the_papers_data(name, monkeypatch):
     monkeypatch.delenv("ASPO_DATA_DIR", raising=False)
     configs, model, train, val = PAPER[name]
-    cfg = effective(capsys, configs)
+    cfg = effective(configs)
     data = cfg["data"]["init_args"]
     assert cfg["model"]["model_name_or_path"].startswith(model)
     assert _table(data["train_files"]) == _expected(train)
@@ -102,11 +113,11 @@ def test_shipped_config_trains_on_the_papers_data(name, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["aspo", "code_aspo"])
-def test_no_local_path_without_the_data_dir(name, capsys, monkeypatch):
+def test_no_local_path_without_the_data_dir(name, monkeypatch):
     """With $ASPO_DATA_DIR unset, the effective config names no local input: every data source is a
     hub id (a staged copy is only a file name looked up under the variable when it is set)."""
     monkeypatch.delenv("ASPO_DATA_DIR", raising=False)
-    cfg = effective(capsys, PAPER[name][0])
+    cfg = effective(PAPER[name][0])
     data = cfg["data"]["init_args"]
     for source in data["train_files"] + data["val_files"]:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+", source["path"]) and not (REPO / source["path"]).exists(), source
@@ -114,9 +125,9 @@ def test_no_local_path_without_the_data_dir(name, capsys, monkeypatch):
     assert "$" + "ASPO_DATA_DIR" not in text and "/work/" not in text and "~/" not in text
 
 
-def test_shipped_val_source_reads_the_staged_copy_when_set(shared_data_dir, capsys):
+def test_shipped_val_source_reads_the_staged_copy_when_set(shared_data_dir):
     """With $ASPO_DATA_DIR set, conf/aspo.yaml's AIME24 comes from the staged file (no hub)."""
-    val = effective(capsys, ["conf/aspo.yaml"])["data"]["init_args"]["val_files"]
+    val = effective(["conf/aspo.yaml"])["data"]["init_args"]["val_files"]
     data = MathRLDataModule(val_files=[Source(**s) for s in val])
     rows = data.load_val_rows()
     assert len(rows) == 30 and rows[0]["id"] == "aime24-I-1" and rows[0]["answer"] == "204"
