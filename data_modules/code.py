@@ -27,14 +27,18 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import pickle
 import re
 import zlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from aspo_lit.prompts import encode_code_prompt
 from aspo_lit.rewards.code import code_gold
+from data_modules.code_layouts import LAYOUTS, layout_row
+from data_modules.fields import MISSING, mapped, problem_text
 from data_modules.math import MathRLDataModule
+from data_modules.mixture import Source
 from data_modules.sources import BadRowError, RowReport, collect_rows
 
 
@@ -75,6 +79,9 @@ def _tests_of(raw: Mapping[str, Any]) -> tuple[list[dict], str | None]:
                  if raw.get(k) not in (None, "", [])]
     out: list[dict] = []
     for part in parts:
+        if isinstance(part, Mapping) and "functional" in part and "inputs" not in part:
+            raise ValueError("assert-style tests (a 'functional' check script) cannot be graded by "
+                             "CodeReward, which compares outputs")
         if isinstance(part, Mapping) and "inputs" in part:   # {"inputs": [...], "outputs": [...]}
             fn_name = part.get("fn_name") or fn_name
             for i, o in zip(part["inputs"], part.get("outputs") or []):
@@ -164,8 +171,10 @@ class CodeRLDataModule(MathRLDataModule):
     """`MathRLDataModule` for code: LiveCodeBench-style prompts, sandboxed execution reward.
 
     Args:
-        train_files, val_files: local file/folder or HF hub id of code problems (any layout of
-            the module docstring); several sources can be joined with ``+``.
+        train_files, val_files: a list of `data_modules.mixture.Source` (each with its layout,
+            field mapping and filters; CodeContests and CodeForces rows by ``layout``,
+            `data_modules.code_layouts`), or a local file/folder or HF hub id of code problems (any
+            layout of the module docstring), several joined with ``+``.
         sandbox: ``bwrap`` (default) or ``rlimit`` (explicit opt-in to rlimit-only isolation).
         reward_timeout_s: wall-clock limit per test (LiveCodeBench / DeepCoder: 6 s); CodeContests
             rows use their own ``time_limit_s``.
@@ -182,7 +191,7 @@ class CodeRLDataModule(MathRLDataModule):
             ``reward`` object replaces the default ``CodeReward``.
     """
 
-    def __init__(self, train_files: str = DEFAULT_TRAIN, val_files: str | None = None,
+    def __init__(self, train_files: str | list[Source] = DEFAULT_TRAIN, val_files: str | list[Source] | None = None,
                  sandbox: str = "bwrap", reward_timeout_s: float = 6.0, reward_memory_mb: int = 2048,
                  reward_workers: int | None = None, reward_max_tests: int | None = None,
                  reward_batch_timeout_s: float | None = None,
@@ -201,12 +210,35 @@ class CodeRLDataModule(MathRLDataModule):
 
     # --- data -----------------------------------------------------------------------------
 
-    def _load_split(self, source: str) -> list[dict[str, Any]]:
-        rows = []
-        for part in str(source).split("+"):
-            rows += load_code_rows(part.strip(), split=self.hparams.hub_split, on_bad_row=self.hparams.on_bad_row,
-                                   problem_key=self.hparams.problem_key)[0]
-        return rows
+    def sources(self, spec: str | os.PathLike | Sequence[Source]) -> list[Source]:
+        """The sources of a ``train_files`` / ``val_files`` value (a string: ``+``-joined parts)."""
+        if isinstance(spec, (str, os.PathLike)):
+            hp = self.hparams
+            return [Source(path=part.strip(), split=hp.hub_split, fields={"problem": hp.problem_key})
+                    for part in os.fspath(spec).split("+")]
+        sources = [s if isinstance(s, Source) else Source(**s) for s in spec]
+        for source in sources:
+            if source.layout not in LAYOUTS:
+                raise ValueError(f"source {source.tag!r}: layout must be one of {LAYOUTS}, got {source.layout!r}")
+        return sources
+
+    def convert_row(self, raw: Mapping[str, Any], source: Source, where: str, staged: bool) -> dict[str, Any]:
+        """One upstream row as a normalized code row (``normalize_code_row``)."""
+        if staged:
+            return normalize_code_row(raw, where)
+        if source.layout != "fields":
+            view = layout_row(raw, source.layout, where, source.fields.get("tests"))
+            problem_path = "description"
+        else:
+            view = dict(raw)
+            for ours in source.fields:
+                value, _ = mapped(raw, ours, source.fields, source.json_fields, where)
+                view[ours] = None if value is MISSING else value
+            problem_path = source.fields.get("problem", "problem")
+            if view.get("problem") is None and problem_path == "problem":   # LiveCodeBench's own names
+                view["problem"] = raw.get("question_content") or raw.get("question")
+        view["problem"] = problem_text(view.get("problem", MISSING), where, problem_path, source.template)
+        return normalize_code_row(view, where)
 
     def encode_row(self, row: dict[str, Any]) -> list[int]:
         """The LiveCodeBench prompt (with the starter code of a functional problem), tokenized."""

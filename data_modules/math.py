@@ -9,17 +9,21 @@ after the previous optimizer step: the engine always samples with the policy's c
 from __future__ import annotations
 
 import logging
+import os
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from lightning.pytorch import LightningDataModule
 
 from aspo_lit.advantages import group_advantages
 from aspo_lit.prompts import encode_prompt
+from aspo_lit.rewards.math import RewardFn
 from aspo_lit.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_engine, pack_rollouts
 from aspo_lit.seeding import derived_seed
-from data_modules.sources import PromptBatches, load_rows
+from data_modules.fields import math_row
+from data_modules.mixture import Source, load_mixture, mixture_stats
+from data_modules.sources import BadRowError, PromptBatches
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +32,14 @@ class MathRLDataModule(LightningDataModule):
     """Math prompts → G sampled responses per prompt → rewards → group advantages (eq. 1).
 
     Args:
-        train_files: local JSONL/JSON/parquet file or folder, or an HF hub dataset id (default:
-            DeepScaleR-Preview, the paper's math RL data; docs/data.md).
+        train_files: the training data: a list of `data_modules.mixture.Source` (hub ids or local
+            files, each with its field mapping and filters; deduplicated across sources), or one
+            local JSONL/JSON/parquet file or folder or HF hub id (``repo:config``). The paper's
+            mixtures (§7.1) are in the shipped configs (docs/data.md); the default here is
+            DeepScaleR-Preview alone.
         val_files: the same for held-out evaluation during training (``validate`` / val loop).
-        problem_key, answer_key: field mapping of the rows.
+        problem_key, answer_key: field mapping of a plain-string source (a `Source` has its own).
+        dedup: drop problems whose normalized text repeats one kept before (docs/data.md).
         batch_size: prompts per training step, over all ranks (paper: 64).
         group_size: G, responses per prompt (paper: 16).
         max_prompt_length: longer prompts are dropped, counted and logged (never truncated).
@@ -39,7 +47,8 @@ class MathRLDataModule(LightningDataModule):
         temperature, top_p: rollout sampling (paper: 1.0, 1.0).
         val_temperature, val_k, val_batch_size, val_max_problems: held-out evaluation sampling.
         engine: ``auto``, ``hf``, ``vllm`` or a `RolloutEngine` (``class_path``).
-        reward: a reward callable with ``.batch(texts, golds)`` (default: math-verify grader).
+        reward: a `RewardFn` (``class_path`` in YAML) with ``.batch(texts, golds)`` (default:
+            the math-verify grader).
         adv_norm: ``std`` (GRPO) or ``none`` (Dr.GRPO).
         filter_groups: drop groups whose rewards are all equal (the authors' code), decided on the
             global batch; the kept groups are shared equally over the ranks and the remainder is
@@ -53,10 +62,11 @@ class MathRLDataModule(LightningDataModule):
 
     def __init__(
         self,
-        train_files: str = "agentica-org/DeepScaleR-Preview-Dataset",
-        val_files: str | None = None,
+        train_files: str | list[Source] = "agentica-org/DeepScaleR-Preview-Dataset",
+        val_files: str | list[Source] | None = None,
         problem_key: str = "problem",
         answer_key: str = "answer",
+        dedup: bool = True,
         batch_size: int = 64,
         group_size: int = 16,
         max_prompt_length: int = 1024,
@@ -69,7 +79,7 @@ class MathRLDataModule(LightningDataModule):
         val_batch_size: int = 64,
         val_max_problems: int | None = None,
         engine: str | RolloutEngine = "auto",
-        reward: Any = None,
+        reward: RewardFn | None = None,
         adv_norm: str = "std",
         filter_groups: bool = False,
         overlong_buffer: int = 0,
@@ -83,6 +93,8 @@ class MathRLDataModule(LightningDataModule):
         self.save_hyperparameters(ignore=["engine", "reward"])
         self._engine_spec = engine
         self._reward = reward
+        # the sources as given (LightningCLI gives `Source` objects; `hparams` holds their config form)
+        self.data_sources = {"train": train_files, "val": val_files}
         self.engine: RolloutEngine | None = None
         self.train_batches: PromptBatches | None = None
         self.stats: dict[str, float] = {}
@@ -96,16 +108,48 @@ class MathRLDataModule(LightningDataModule):
 
     # --- data -----------------------------------------------------------------------------
 
-    def _load_split(self, source: str) -> list[dict[str, Any]]:
-        return load_rows(source, self.hparams.problem_key, self.hparams.answer_key,
-                         on_bad_row=self.hparams.on_bad_row)[0]
+    def sources(self, spec: str | os.PathLike | Sequence[Source]) -> list[Source]:
+        """The sources of a ``train_files`` / ``val_files`` value (a plain string is one source
+        read with ``problem_key`` / ``answer_key``)."""
+        if isinstance(spec, (str, os.PathLike)):
+            hp = self.hparams
+            return [Source(path=os.fspath(spec), fields={"problem": hp.problem_key, "answer": hp.answer_key})]
+        sources = [s if isinstance(s, Source) else Source(**s) for s in spec]
+        for source in sources:
+            if source.layout != "fields":
+                raise ValueError(f"source {source.tag!r}: layout {source.layout!r} is for code rows; math "
+                                 "sources map their fields (layout: fields)")
+        return sources
+
+    def convert_row(self, raw: dict[str, Any], source: Source, where: str, staged: bool) -> dict[str, Any]:
+        """One upstream row as ``{id, problem, answer}`` (a staged copy is already normalized)."""
+        if staged:
+            return math_row(raw, {}, [], None, where)
+        return math_row(raw, source.fields, source.json_fields, source.template, where)
+
+    def _load_split(self, spec, split: str) -> list[dict[str, Any]]:
+        sources = self.sources(spec)
+        rows, reports = load_mixture(sources, self.convert_row, self.hparams.on_bad_row, self.hparams.dedup, split)
+        self._publish(mixture_stats(reports, split))
+        if not rows:
+            raise BadRowError(f"data.{split}_files: no usable rows in {[s.tag for s in sources]}")
+        return rows
+
+    def _publish(self, stats: dict[str, float]) -> None:
+        """Data counts into ``self.stats`` and, on a fresh run, into the run's loggers (step 0)."""
+        self.stats.update(stats)
+        trainer = self.trainer
+        if trainer is not None and trainer.global_step == 0 and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(stats, step=0)
 
     def load_train_rows(self) -> list[dict[str, Any]]:
         """Rows `{id, problem, answer}` for training; subclasses (the testbed) override."""
-        return self._load_split(self.hparams.train_files)
+        return self._load_split(self.data_sources["train"], "train")
 
     def load_val_rows(self) -> list[dict[str, Any]] | None:
-        return self._load_split(self.hparams.val_files) if self.hparams.val_files else None
+        spec = self.data_sources["val"]
+        return self._load_split(spec, "val") if spec else None
 
     def _encode(self, rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
         """Tokenize prompts; drop (and count) those over `max_prompt_length`."""
@@ -115,8 +159,7 @@ class MathRLDataModule(LightningDataModule):
             if len(ids) <= self.hparams.max_prompt_length:
                 kept.append(dict(row, prompt_ids=ids))
         dropped = len(rows) - len(kept)
-        self.stats[f"data/{split}_prompts"] = len(kept)
-        self.stats[f"data/{split}_dropped_long_prompts"] = dropped
+        self._publish({f"data/{split}_prompts": float(len(kept)), f"data/{split}_dropped_long_prompts": float(dropped)})
         if dropped:
             log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d",
                         split, dropped, len(rows), self.hparams.max_prompt_length)
@@ -336,3 +379,7 @@ def _validate(args: dict[str, Any]) -> None:
         raise ValueError(f"data.prompt_template must be 'chat' or 'plain', got {args['prompt_template']!r}")
     if args["on_bad_row"] not in ("error", "skip"):
         raise ValueError(f"data.on_bad_row must be 'error' or 'skip', got {args['on_bad_row']!r}")
+    for key in ("train_files", "val_files"):
+        value = args[key]
+        if isinstance(value, (list, tuple)) and not value:
+            raise ValueError(f"data.{key} is an empty list of sources")

@@ -55,7 +55,7 @@ def expand_source(source: str) -> str:
     return expanded
 
 
-def _raw_rows(source: str, split: str) -> Iterator[tuple[str, Any]]:
+def raw_rows(source: str, split: str) -> Iterator[tuple[str, Any]]:
     """(location, raw row) pairs; JSONL is read line by line so errors name the line. A hub id
     may name the dataset's config after a colon: ``agentica-org/DeepCoder-Preview-Dataset:lcbv5``."""
     source = expand_source(source)
@@ -105,7 +105,7 @@ def collect_rows(source: str, split: str, on_bad_row: str, check) -> tuple[list[
     if on_bad_row not in BAD_ROW_POLICIES:
         raise ValueError(f"on_bad_row must be one of {BAD_ROW_POLICIES}, got {on_bad_row!r}")
     rows, report = [], RowReport(source)
-    for where, raw in _raw_rows(source, split):
+    for where, raw in raw_rows(source, split):
         try:
             if isinstance(raw, Exception):
                 raise raw

@@ -43,7 +43,9 @@ def test_code_configs_compose_on_the_math_run(capsys, configs, loss, name, model
     # the paper's shared recipe comes from conf/aspo.yaml: 64 prompts, G = 16 at T = 1.0, lr 1e-6
     assert (data["batch_size"], data["group_size"], data["temperature"]) == (64, 16, 1.0)
     assert cfg["model"]["lr"] == 1e-6 and data["max_response_length"] == max_response
-    assert data["sandbox"] == "bwrap" and data["train_files"] == "agentica-org/DeepCoder-Preview-Dataset:lcbv5"
+    assert data["sandbox"] == "bwrap"
+    assert [s["label"] for s in data["train_files"]] == ["codeforces", "code_contests", "deepcoder_lcbv5",
+                                                        "deepcoder_primeintellect", "deepcoder_taco"]
 
 
 def test_tiny_code_configs_compose(capsys):
