@@ -39,7 +39,8 @@ class MathRLDataModule(LightningDataModule):
         temperature, top_p: rollout sampling (paper: 1.0, 1.0).
         val_temperature, val_k, val_batch_size, val_max_problems: held-out evaluation sampling.
         engine: ``auto``, ``hf``, ``vllm`` or a `RolloutEngine` (``class_path``).
-        reward: a reward callable with ``.batch(texts, golds)`` (default: math-verify grader).
+        reward: a reward callable with ``.batch(texts, golds)`` (default: ``MathReward()``, correct
+            when DeepScaleR's or math-verify's verifier accepts; docs/grading.md).
         adv_norm: ``std`` (GRPO) or ``none`` (Dr.GRPO).
         filter_groups: drop groups whose rewards are all equal (the authors' code), decided on the
             global batch; the kept groups are shared equally over the ranks and the remainder is
@@ -151,9 +152,9 @@ class MathRLDataModule(LightningDataModule):
     @property
     def reward(self):
         if self._reward is None:
-            from aspo_lit.rewards import MathVerifyReward
+            from aspo_lit.rewards import MathReward
 
-            self._reward = MathVerifyReward()
+            self._reward = MathReward()
         return self._reward
 
     def _ensure_engine(self) -> RolloutEngine:

@@ -1,6 +1,7 @@
 """Benchmark evaluation: K samples per problem, graded, avg@K and pass@K (paper §7.1, "Evaluation").
 
-Math benchmarks (Table 1) are graded by math-verify on the last ``\\boxed{}``; code benchmarks
+Math benchmarks (Table 1) are graded on the last ``\\boxed{}`` by ``aspo_lit.rewards.MathReward``
+(correct when DeepScaleR's or math-verify's verifier accepts, docs/grading.md); code benchmarks
 (Table 2: LiveCodeBench v5/v6) get LiveCodeBench's prompt and are graded by running the last
 fenced Python block on the problem's tests in a sandbox (``aspo_lit.rewards.code.CodeReward``);
 multiple-choice benchmarks (Table 3: ARC-Challenge, GPQA-Diamond, MMLU-Pro) get the lettered-options
@@ -223,7 +224,8 @@ def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8, top_p=1.
     benchmarks: names ("aime24", ...) or dicts {"name", "path"?, "k"?, "limit"?, ...}.
     k: None (each benchmark's paper K), an int, or {name: K}. limit: first N problems.
     engine: "auto" / an engine name for `aspo_lit.rollout.build_engine`, or a RolloutEngine.
-    reward: an object with `.batch(texts, golds)` for math benchmarks; default `MathVerifyReward()`.
+    reward: for math benchmarks, an object with `.batch(texts, golds)` or a dict of `MathReward`
+    arguments (e.g. `{"verifier": "released"}`); default `MathReward()` (verifier "either").
     code_reward: for code benchmarks, such an object or a dict of `CodeReward` arguments (e.g.
     `{"sandbox": "bwrap", "timeout_s": 6}`); default `CodeReward()`.
     system_prompt: an optional system message for code prompts (default none).
@@ -265,7 +267,8 @@ class _Session:
         self.engine_kwargs = engine_kwargs or {}
         self.template, self.enable_thinking = template, enable_thinking
         self.cache_dir = cache_dir
-        self.reward_spec, self._reward, self._engine, self.tokenizer = reward, reward, None, None
+        self.reward_spec, self._engine, self.tokenizer = reward, None, None
+        self._reward = reward if hasattr(reward, "batch") else None
         self.code_reward_spec = code_reward
         self._code_reward = code_reward if hasattr(code_reward, "batch") else None
         self.system_prompt = system_prompt
@@ -282,8 +285,8 @@ class _Session:
     @property
     def reward(self):
         if self._reward is None:
-            from aspo_lit.rewards import MathVerifyReward
-            self._reward = MathVerifyReward()
+            from aspo_lit.rewards import MathReward
+            self._reward = MathReward(**(self.reward_spec or {}))
         return self._reward
 
     @property
@@ -310,8 +313,8 @@ class _Session:
         if bench.domain == "choice":
             from aspo_lit.eval.choice import GPQA_SHUFFLE_SEED, PROMPT_FORMAT
             return {**self.meta, "prompt_format": PROMPT_FORMAT, "gpqa_shuffle_seed": GPQA_SHUFFLE_SEED}
-        if bench.domain != "code":
-            return self.meta
+        if bench.domain != "code":   # a sample's `correct` is the verifier's
+            return {**self.meta, "verifier": getattr(self.reward, "verifier", type(self.reward).__name__)}
         return {**self.meta, "prompt_format": "livecodebench-generic", "system_prompt": self.system_prompt}
 
     @property
@@ -524,7 +527,8 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
              max_tokens: int = SAMPLING_DEFAULTS["max_tokens"], seed: int = SAMPLING_DEFAULTS["seed"],
              engine: str = "auto", template: Literal["chat", "plain"] = "chat",
              sandbox: Literal["bwrap", "rlimit"] = "bwrap", reward_timeout: float = 6.0,
-             reward_workers: int | None = None) -> int:
+             reward_workers: int | None = None,
+             verifier: Literal["either", "released", "math_verify", "deepscaler"] = "either") -> int:
     """avg@K / pass@K of one model on the math, code or multiple-choice benchmarks.
 
     Args:
@@ -546,6 +550,8 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
         sandbox: code benchmarks: bubblewrap (default) or rlimit-only isolation (opt-in).
         reward_timeout: code benchmarks: seconds per test (LiveCodeBench: 6).
         reward_workers: code benchmarks: programs graded in parallel (default: CPU count).
+        verifier: math benchmarks: the verifier rule of `aspo_lit.rewards.MathReward`
+            (docs/grading.md).
     """
     _setup_logging()
     from aspo_lit.eval.datasets import TABLE1_BENCHMARKS
@@ -554,6 +560,7 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
     evaluate_model(model, [{"name": n, "path": paths.get(n)} for n in names], out, k=k,
                    temperature=temperature, top_p=top_p, max_tokens=max_tokens, engine=engine,
                    limit=limit, seed=seed, tag=tag, data_dir=data_dir, template=template,
+                   reward={"verifier": verifier},
                    code_reward={"sandbox": sandbox, "timeout_s": reward_timeout, "num_workers": reward_workers})
     folder = Path(out) / (tag or model_tag(model))
     print((folder / "results.md").read_text())
@@ -653,8 +660,8 @@ def run_table2(config: dict, compare_paper: bool | None = None, only: list[str] 
 def run_table(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
               root: Path | None = None, table: str | None = None):
     """Evaluate every row of a table config (`table: table1 | table2 | table3`, default table1) whose model
-    is available and render the table beside the paper's. Code benchmarks are graded by
-    `CodeReward(**config["code_reward"])`."""
+    is available and render the table beside the paper's. Math benchmarks are graded by
+    `MathReward(**config["math_reward"])`, code benchmarks by `CodeReward(**config["code_reward"])`."""
     from aspo_lit.eval.tables import render_table
 
     table = table or config.get("table", "table1")
@@ -690,8 +697,8 @@ def run_table(config: dict, compare_paper: bool | None = None, only: list[str] |
                 template=row.get("template", config.get("template", "chat")),
                 enable_thinking=row.get("enable_thinking", config.get("enable_thinking", False)),
                 tag=row.get("tag"), samples_per_call=config.get("samples_per_call", 1024),
-                code_reward=config.get("code_reward"), system_prompt=config.get("system_prompt"),
-                **row_sampling)
+                reward=config.get("math_reward"), code_reward=config.get("code_reward"),
+                system_prompt=config.get("system_prompt"), **row_sampling)
         except Exception as e:   # noqa: BLE001 - one failed row must not lose the others
             log.exception("%s / %s: evaluation failed", *key)
             missing[key] = f"evaluation failed: {type(e).__name__}: {e}"
@@ -715,7 +722,8 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
           template: Literal["chat", "plain"] = "chat", enable_thinking: bool = False,
           sampling: dict[str, Any] | None = None, samples_per_call: int = 1024,
           code_reward: dict[str, Any] | None = None, system_prompt: str | None = None,
-          note: str | None = None, only: list[str] | None = None) -> int:
+          note: str | None = None, only: list[str] | None = None,
+          math_reward: dict[str, Any] | None = None) -> int:
     """Evaluate a table config's rows (missing models are reported, not fabricated) and print the
     table beside the paper's: Table 1 (math), Table 2 (LiveCodeBench, in the code sandbox) or
     Table 3 (ARC-Challenge, GPQA-Diamond, MMLU-Pro: lettered options, last boxed letter).
@@ -740,6 +748,8 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
         system_prompt: a system turn before every prompt (code: LiveCodeBench's).
         note: a line printed under the table.
         only: evaluate only rows whose 'base_model/method' contains one of these.
+        math_reward: MathReward arguments for math benchmarks, e.g. {verifier: either}
+            (default: MathReward(); docs/grading.md).
     """
     _setup_logging()
     config = {key: value for key, value in locals().items() if key not in ("only", "table")}
