@@ -83,10 +83,13 @@ RULE_CASES = [
     # DeepScaleR's reading of nested fractions accepts what math-verify rejects
     (_boxed("\\frac{1}{\\frac{1}{2}}"), "\\frac{1}{2}",
      {"either": 1, "released": 1, "math_verify": 0, "deepscaler": 1}),
-    # no box: only the released rule's parse of the whole text finds the answer (string match)
+    # no box: Skywork-OR1's parse of the whole text finds the answer; the released rule takes
+    # only the string match, the semantic match is the one its missing `return` drops
     ("<think>hm</think> The answer is $12$.", "12",
-     {"either": 0, "released": 1, "math_verify": 0, "deepscaler": 0}),
+     {"either": 1, "released": 1, "math_verify": 0, "deepscaler": 0}),
     ("<think>hm</think> The answer is $\\frac{24}{2}$.", "12",
+     {"either": 1, "released": 0, "math_verify": 0, "deepscaler": 0}),
+    ("<think>hm</think> The answer is $\\frac{25}{2}$.", "12",
      {"either": 0, "released": 0, "math_verify": 0, "deepscaler": 0}),
     # a wrong answer stays wrong under every rule
     (_boxed("13"), "12", {"either": 0, "released": 0, "math_verify": 0, "deepscaler": 0}),
@@ -204,3 +207,56 @@ def sympy_value(latex: str) -> float:
     if m is None:
         return float("nan")
     return float(m[1] or 1) * 10 ** int(m[2])
+
+
+# --------------------------------------------------------------------------- where the reward is set
+
+
+def test_deepscaler_rules_need_pylatexenc(monkeypatch):
+    """A missing pylatexenc is a clear error when the reward is built, not a silent 0 later."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pylatexenc" else real(name, *a))
+    with pytest.raises(ImportError, match="pip install pylatexenc"):
+        MathReward(verifier="either")
+    assert MathReward(verifier="math_verify").verifier == "math_verify"
+
+
+@pytest.mark.parametrize("config", ["conf/aspo.yaml", "conf/tiny/aspo.yaml", "conf/table1.yaml",
+                                    "conf/tiny/table1.yaml"])
+def test_shipped_configs_name_the_verifier(config, capsys):
+    """``--print_config`` of the math fit and Table 1 configs shows the verifier rule (the other
+    fit configs compose on these two)."""
+    import yaml
+
+    from aspo_lit.__main__ import main
+
+    command = "table1" if "table1" in config else "fit"
+    with pytest.raises(SystemExit):
+        main([command, "--config", config, "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    if command == "fit":
+        reward = printed["data"]["init_args"]["reward"]
+        assert reward["class_path"] == "aspo_lit.rewards.MathReward"
+        assert reward["init_args"]["verifier"] == "either"
+    else:
+        assert printed["math_reward"] == {"verifier": "either"}
+
+
+def test_defaults_of_training_and_evaluation():
+    """The DataModule's and the evaluator's default math reward is ``MathReward`` (rule
+    ``either``); a table config's ``math_reward`` arguments reach the evaluator, and the rule is
+    part of a math benchmark's sample settings (results graded by another rule are not mixed in)."""
+    from aspo_lit.eval.datasets import get_benchmark
+    from aspo_lit.eval.evaluate import _Session
+    from data_modules.math import MathRLDataModule
+
+    assert repr(MathRLDataModule().reward).startswith("MathReward(verifier='either'")
+    session = _Session("m", None, "hf", None, "chat", False, None, cache_dir=None)
+    assert type(session.reward) is MathReward and session.reward.verifier == "either"
+    session = _Session("m", None, "hf", None, "chat", False, {"verifier": "released", "timeout_s": 2},
+                       cache_dir=None)
+    assert session.reward.verifier == "released" and session.reward.timeout_s == 2.0
+    session.meta = {"model": "m"}   # the model's fingerprint is not what this test is about
+    assert session.meta_for(get_benchmark("aime24")) == {"model": "m", "verifier": "released"}

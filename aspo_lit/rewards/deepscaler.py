@@ -37,7 +37,7 @@ import math
 import re
 import warnings
 
-from aspo_lit.rewards.math import _too_risky
+from aspo_lit.rewards.math import too_risky
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +185,8 @@ _LATEX_SYMBOLS = {"√": "sqrt", "π": "pi", "∞": "inf", "∪": "U", "·": "*"
 def _latex_to_text_converter():
     from pylatexenc.latex2text import LatexNodes2Text
 
+    # a model's malformed LaTeX (e.g. a bare "\\frac1") would log a warning per answer graded
+    logging.getLogger("pylatexenc").setLevel(logging.ERROR)
     return LatexNodes2Text()
 
 
@@ -392,7 +394,7 @@ def deepscaler_correct(answer: str | None, gold: str, seconds: int | None = None
     seconds only in the main thread)."""
     if answer is None or not gold.strip():
         return False
-    if _too_risky(answer) or _too_risky(gold):
+    if too_risky(answer) or too_risky(gold):
         return False
     from math_verify.errors import TimeoutException
     from math_verify.utils import timeout

@@ -159,18 +159,18 @@ def _brace_depth(s: str) -> int:
     return best
 
 
-def _too_risky(answer: str) -> bool:
+def too_risky(answer: str) -> bool:
     """Answers no benchmark has and the LaTeX parser may choke on: score 0 unparsed."""
     return len(answer) > MAX_ANSWER_CHARS or _brace_depth(answer) > MAX_BRACE_DEPTH
 
 
-def _quick_score(answer: str | None, gold: str, fast_path: bool = True) -> float | None:
+def shortcut_score(answer: str | None, gold: str, fast_path: bool = True) -> float | None:
     """The score when it is decided without math-verify (no answer, exact match, too risky)."""
     if answer is None:
         return 0.0
     if fast_path and gold.strip() and normalize_answer(answer) == normalize_answer(gold):
         return 1.0
-    if _too_risky(answer) or _too_risky(gold):
+    if too_risky(answer) or too_risky(gold):
         return 0.0
     return None
 
@@ -178,7 +178,7 @@ def _quick_score(answer: str | None, gold: str, fast_path: bool = True) -> float
 # --------------------------------------------------------------------------- grading
 
 
-def _in_main_thread() -> bool:
+def in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
@@ -209,7 +209,7 @@ def _parse_gold(content: str, seconds: int | None) -> tuple:
     return tuple(_parse(content, seconds))
 
 
-def _verify(gold: str, answer: str, seconds: int | None) -> float:
+def math_verify_score(gold: str, answer: str, seconds: int | None) -> float:
     """math-verify's verdict as 1.0 / 0.0; a timeout or malformed LaTeX scores 0."""
     mv, _, timeout_exception = load_math_verify()
     try:
@@ -222,7 +222,7 @@ def _verify(gold: str, answer: str, seconds: int | None) -> float:
 
 
 @contextlib.contextmanager
-def _outer_timer_kept():
+def outer_timer_kept():
     """Re-arm a timer set before grading (e.g. pytest-timeout's): math-verify's ``alarm(0)`` cancels it."""
     delay, interval = signal.getitimer(signal.ITIMER_REAL)
     start = time.monotonic()
@@ -245,15 +245,15 @@ def compute_score(
 
     Runs in the calling thread. In the main thread math-verify's timeouts (``timeout_s``, rounded
     up to whole seconds: ``signal.alarm``) bound each parse and each comparison; in another
-    thread it runs unbounded, so callers there should use ``MathVerifyReward``, which sends such
+    thread it runs unbounded, so callers there should use ``MathReward``, which sends such
     calls to worker processes.
     """
     answer = extract_answer(solution_str, think_end_token)
     gold = gold_answer(ground_truth)
-    quick = _quick_score(answer, gold, fast_path)
+    quick = shortcut_score(answer, gold, fast_path)
     if quick is not None:
         return quick
-    if not _in_main_thread():
-        return _verify(gold, answer, None)
-    with _outer_timer_kept():
-        return _verify(gold, answer, max(1, math.ceil(timeout_s)))
+    if not in_main_thread():
+        return math_verify_score(gold, answer, None)
+    with outer_timer_kept():
+        return math_verify_score(gold, answer, max(1, math.ceil(timeout_s)))

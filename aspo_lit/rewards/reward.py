@@ -15,7 +15,7 @@ import os
 import threading
 from typing import Sequence
 
-from aspo_lit.rewards.math import _in_main_thread, extract_answer
+from aspo_lit.rewards.math import extract_answer, in_main_thread
 from aspo_lit.rewards.pool import GradingPool
 from aspo_lit.rewards.verifiers import VERIFIERS, Verifier, grade, load_verifiers, quick_score
 
@@ -28,10 +28,11 @@ class MathReward:
     Scores text only: DAPO's overlong penalty is the DataModule's (``data.overlong_buffer``).
 
     Args:
-        verifier: ``either`` (correct when DeepScaleR's or math-verify's verifier accepts: the
-            paper's "both" verification functions), ``released`` (the authors' released
-            ``RewardMathFn``: DeepScaleR, else math-verify's parse matched as a string),
-            ``math_verify`` or ``deepscaler`` (one verifier alone).
+        verifier: ``either`` (correct when DeepScaleR's verifier or Skywork-OR1's math-verify
+            step accepts: the paper's "both" verification functions), ``released`` (the
+            authors' ``RewardMathFn`` as released: DeepScaleR, else math-verify's parse matched
+            as a string only), ``math_verify`` or ``deepscaler`` (one verifier alone);
+            ``aspo_lit.rewards.verifiers``.
         timeout_s: each verifier step's time bound (whole seconds, rounded up); no step starts
             past ``timeout_s`` from the start of a response's grading.
         num_workers: grading processes for ``batch`` and non-main-thread calls
@@ -110,7 +111,7 @@ class MathReward:
     # -- scoring
     def __call__(self, response_text: str, gold: str) -> float:
         """Score one response; bounded in time from any thread (other threads use a worker)."""
-        if _in_main_thread():
+        if in_main_thread():
             score = grade(response_text, gold, **self.grade_kwargs)
         else:
             score = self._quick(response_text, gold)
@@ -125,7 +126,7 @@ class MathReward:
         scores: list[float | None] = [self._quick(t, g) for t, g in zip(texts, golds)]
         todo = [i for i, s in enumerate(scores) if s is None]
         if todo:
-            if self.num_workers == 0 and _in_main_thread():
+            if self.num_workers == 0 and in_main_thread():
                 graded = [grade(texts[i], golds[i], **self.grade_kwargs) for i in todo]
             else:
                 graded = self._grade_in_processes([(texts[i], golds[i]) for i in todo])
