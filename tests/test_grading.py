@@ -260,3 +260,19 @@ def test_defaults_of_training_and_evaluation():
     assert session.reward.verifier == "released" and session.reward.timeout_s == 2.0
     session.meta = {"model": "m"}   # the model's fingerprint is not what this test is about
     assert session.meta_for(get_benchmark("aime24")) == {"model": "m", "verifier": "released"}
+
+
+def test_hub_golds_are_normalised_too(monkeypatch, caplog):
+    """A benchmark read from the hub gets the same gold rewriting, reported in the log."""
+    import logging
+
+    import datasets
+
+    from aspo_lit.eval.datasets import load_benchmark
+
+    rows = [{"question": "Q1?", "answer": "1e-3"}, {"question": "Q2?", "answer": "\\frac{1}{2}"}]
+    monkeypatch.setattr(datasets, "load_dataset", lambda hub_id, config=None, split=None: rows)
+    with caplog.at_level(logging.INFO, logger="aspo_lit.eval.datasets"):
+        loaded = load_benchmark("minerva", data_dir="/nonexistent")
+    assert [r["answer"] for r in loaded] == ["10^{-3}", "\\frac{1}{2}"]
+    assert "math-ai/minervamath: 1 of 2 gold answers rewritten as LaTeX" in caplog.text

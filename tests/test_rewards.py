@@ -1,5 +1,5 @@
-"""MathVerifyReward: self-grading of the six benchmarks, extraction, time bounds, the grading
-pool, and the overlong penalty (applied once, by the DataModule)."""
+"""MathVerifyReward: self-grading of the six benchmarks, extraction, the grading pool, and the
+overlong penalty (applied once, by the DataModule); time bounds for every rule of MathReward."""
 
 from __future__ import annotations
 
