@@ -48,7 +48,8 @@ class MathRLDataModule(LightningDataModule):
         val_temperature, val_k, val_batch_size, val_max_problems: held-out evaluation sampling.
         engine: ``auto``, ``hf``, ``vllm`` or a `RolloutEngine` (``class_path``).
         reward: a `RewardFn` (``class_path`` in YAML) with ``.batch(texts, golds)`` (default:
-            the math-verify grader).
+            ``MathReward()``, correct when DeepScaleR's or math-verify's verifier accepts;
+            docs/grading.md).
         adv_norm: ``std`` (GRPO) or ``none`` (Dr.GRPO).
         filter_groups: drop groups whose rewards are all equal (the authors' code), decided on the
             global batch; the kept groups are shared equally over the ranks and the remainder is
@@ -194,9 +195,9 @@ class MathRLDataModule(LightningDataModule):
     @property
     def reward(self):
         if self._reward is None:
-            from aspo_lit.rewards import MathVerifyReward
+            from aspo_lit.rewards import MathReward
 
-            self._reward = MathVerifyReward()
+            self._reward = MathReward()
         return self._reward
 
     def _ensure_engine(self) -> RolloutEngine:

@@ -1,5 +1,5 @@
-"""MathVerifyReward: self-grading of the six benchmarks, extraction, time bounds, the grading
-pool, and the overlong penalty (applied once, by the DataModule)."""
+"""MathVerifyReward: self-grading of the six benchmarks, extraction, the grading pool, and the
+overlong penalty (applied once, by the DataModule); time bounds for every rule of MathReward."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from aspo_lit.rewards import (
+    VERIFIERS,
+    MathReward,
     MathVerifyReward,
     RewardFn,
     compute_score,
@@ -167,38 +169,54 @@ ADVERSARIAL = {
     "malformed": "\\boxed{\\frac{1}{\\sqrt{}}^^_\\left(}",
     "unbalanced": "\\boxed{\\frac{1}{2}",
     "junk_commands": "\\boxed{\\begin{array}\\end{matrix}\\\\\\\\&&&}",
+    # DeepScaleR's sympy path: Python powers, towers DeepScaleR's "^" guards let through,
+    # factorials, huge float literals (parse_expr and big-integer maths run in C, beyond signals)
+    "python_power_tower": "\\boxed{9**9**9}",
+    "paren_power_tower": "\\boxed{" + "(" * 8 + "9" + "^9)" * 8 + "}",
+    "factorial_tower": "\\boxed{((9!)!)!}",
+    "rising_factorial": "\\boxed{rf(99,9)!}",
+    "huge_float": "\\boxed{1e999999}",
+    "python_code": "\\boxed{().__class__.__base__}",
+    # the released rule parses the whole text: 5 MB of it
+    "text_5mb": "$1$ " * 1_250_000,
 }
+GOLDS = ["5", "\\frac{1}{3}"]  # an integer gold, and one that sends DeepScaleR's answer to sympy
 
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 def test_adversarial_main_thread_bounded(name):
-    r = MathVerifyReward(timeout_s=TIMEOUT_S)
-    start = time.perf_counter()
-    score = r("</think>" + ADVERSARIAL[name], "5")
-    elapsed = time.perf_counter() - start
-    assert score == 0.0
-    assert elapsed < TIMEOUT_S + MARGIN_S, f"{name} took {elapsed:.1f} s"
+    """Every rule, in the calling thread: 0 within the time bound (two verifier steps at most)."""
+    for verifier in VERIFIERS:
+        r = MathReward(verifier, timeout_s=TIMEOUT_S)
+        for gold in GOLDS:
+            start = time.perf_counter()
+            score = r("</think>" + ADVERSARIAL[name], gold)
+            elapsed = time.perf_counter() - start
+            assert score == 0.0, (verifier, gold)
+            assert elapsed < 2 * TIMEOUT_S + MARGIN_S, f"{name} ({verifier}, gold {gold}) took {elapsed:.1f} s"
 
 
-def test_adversarial_process_pool_bounded():
-    r = MathVerifyReward(timeout_s=TIMEOUT_S, num_workers=2)
+@pytest.mark.parametrize("verifier", VERIFIERS)
+def test_adversarial_process_pool_bounded(verifier):
+    r = MathReward(verifier, timeout_s=TIMEOUT_S, num_workers=2)
     try:
         r.batch(["\\boxed{1}"], ["2"])  # start the workers outside the timed part
-        texts = ["</think>" + v for v in ADVERSARIAL.values()] + [_response("\\frac{1}{2}")]
-        golds = ["5"] * len(ADVERSARIAL) + ["0.5"]
+        texts = ["</think>" + v for v in ADVERSARIAL.values() for _ in GOLDS] + [_response("\\frac{1}{2}")]
+        golds = GOLDS * len(ADVERSARIAL) + ["0.5"]
         start = time.perf_counter()
         scores = r.batch(texts, golds)
         elapsed = time.perf_counter() - start
-        assert scores == [0.0] * len(ADVERSARIAL) + [1.0]
-        bound = len(texts) * TIMEOUT_S / r.num_workers + MARGIN_S
+        assert scores == [0.0] * (len(texts) - 1) + [1.0]
+        bound = len(texts) * 2 * TIMEOUT_S / r.num_workers + MARGIN_S
         assert elapsed < bound, f"{elapsed:.1f} s > {bound:.1f} s"
     finally:
         r.close()
 
 
-def test_non_main_thread_is_bounded():
+@pytest.mark.parametrize("verifier", ["either", "released"])
+def test_non_main_thread_is_bounded(verifier):
     """From a worker thread signals are unavailable: the call goes to a process, still bounded."""
-    r = MathVerifyReward(timeout_s=TIMEOUT_S, num_workers=1)
+    r = MathReward(verifier, timeout_s=TIMEOUT_S, num_workers=1)
     r.batch(["\\boxed{1}"], ["2"])  # start the worker outside the timed part
     out = {}
 
@@ -206,7 +224,7 @@ def test_non_main_thread_is_bounded():
         start = time.perf_counter()
         out["bad"] = r("</think>" + ADVERSARIAL["power_tower"], "5")
         out["elapsed"] = time.perf_counter() - start
-        out["good"] = r(_response("\\dfrac{2}{4}"), "\\frac12")
+        out["good"] = r(_response("0.5"), "\\frac12")
         out["batch"] = r.batch([_response("3"), _response("4")], ["3", "5"])
 
     try:

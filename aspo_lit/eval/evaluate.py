@@ -1,6 +1,7 @@
 """Benchmark evaluation: K samples per problem, graded, avg@K and pass@K (paper §7.1, "Evaluation").
 
-Math benchmarks (Table 1) are graded by math-verify on the last ``\\boxed{}``; code benchmarks
+Math benchmarks (Table 1) are graded on the last ``\\boxed{}`` by ``aspo_lit.rewards.MathReward``
+(correct when DeepScaleR's or math-verify's verifier accepts, docs/grading.md); code benchmarks
 (Table 2: LiveCodeBench v5/v6) get LiveCodeBench's prompt and are graded by running the last
 fenced Python block on the problem's tests in a sandbox (``aspo_lit.rewards.code.CodeReward``);
 multiple-choice benchmarks (Table 3: ARC-Challenge, GPQA-Diamond, MMLU-Pro) get the lettered-options
@@ -242,7 +243,8 @@ def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8,
     engine: "auto" / an engine name for `aspo_lit.rollout.build_engine`, or a RolloutEngine (used
     as it is: `dtype` does not reach it).
     dtype: the model's dtype in the engine (`eval_dtype`: default bf16 on GPU, fp32 on CPU).
-    reward: an object with `.batch(texts, golds)` for math benchmarks; default `MathVerifyReward()`.
+    reward: for math benchmarks, an object with `.batch(texts, golds)` or a dict of `MathReward`
+    arguments (e.g. `{"verifier": "released"}`); default `MathReward()` (verifier "either").
     code_reward: for code benchmarks, such an object or a dict of `CodeReward` arguments (e.g.
     `{"sandbox": "bwrap", "timeout_s": 6}`); default `CodeReward()`.
     system_prompt: an optional system message for code prompts (default none).
@@ -312,7 +314,8 @@ class _Session:
         self._engine_error = None
         self.template, self.enable_thinking = template, enable_thinking
         self.cache_dir = cache_dir
-        self.reward_spec, self._reward, self._engine, self.tokenizer = reward, reward, None, None
+        self.reward_spec, self._engine, self.tokenizer = reward, None, None
+        self._reward = reward if hasattr(reward, "batch") else None
         self.code_reward_spec = code_reward
         self._code_reward = code_reward if hasattr(code_reward, "batch") else None
         self.system_prompt = system_prompt
@@ -330,8 +333,8 @@ class _Session:
     @property
     def reward(self):
         if self._reward is None:
-            from aspo_lit.rewards import MathVerifyReward
-            self._reward = MathVerifyReward()
+            from aspo_lit.rewards import MathReward
+            self._reward = MathReward(**(self.reward_spec or {}))
         return self._reward
 
     @property
@@ -358,8 +361,8 @@ class _Session:
         if bench.domain == "choice":
             from aspo_lit.eval.choice import GPQA_SHUFFLE_SEED, PROMPT_FORMAT
             return {**self.meta, "prompt_format": PROMPT_FORMAT, "gpqa_shuffle_seed": GPQA_SHUFFLE_SEED}
-        if bench.domain != "code":
-            return self.meta
+        if bench.domain != "code":   # a sample's `correct` is the verifier's
+            return {**self.meta, "verifier": getattr(self.reward, "verifier", type(self.reward).__name__)}
         return {**self.meta, "prompt_format": "livecodebench-generic", "system_prompt": self.system_prompt}
 
     @property
@@ -595,7 +598,8 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
              sandbox: Literal["bwrap", "rlimit"] = "bwrap", reward_timeout: float = 6.0,
              reward_total_timeout: float = 120.0,
              reward_workers: int | None = None,
-             dtype: Literal["bfloat16", "float16", "float32"] | None = None) -> int:
+             dtype: Literal["bfloat16", "float16", "float32"] | None = None,
+             verifier: Literal["either", "released", "math_verify", "deepscaler"] = "either") -> int:
     """avg@K / pass@K of one model on the math, code or multiple-choice benchmarks.
 
     Args:
@@ -621,6 +625,8 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
         reward_workers: code benchmarks: programs graded in parallel (default: CPU count).
         dtype: the weights' dtype in the engine, checkpoints and hub models alike (null: bfloat16
             on GPU, as the authors; float32 on CPU).
+        verifier: math benchmarks: the verifier rule of `aspo_lit.rewards.MathReward`
+            (docs/grading.md).
     """
     _setup_logging()
     from aspo_lit.eval.datasets import TABLE1_BENCHMARKS
@@ -629,6 +635,7 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
     evaluate_model(model, [{"name": n, "path": paths.get(n)} for n in names], out, k=k,
                    temperature=temperature, top_p=top_p, max_tokens=max_tokens, engine=engine,
                    limit=limit, seed=seed, tag=tag, data_dir=data_dir, template=template, dtype=dtype,
+                   reward={"verifier": verifier},
                    code_reward={"sandbox": sandbox, "timeout_s": reward_timeout, "num_workers": reward_workers,
                                 "max_total_timeout_s": reward_total_timeout})
     folder = Path(out) / (tag or model_tag(model))
@@ -729,8 +736,8 @@ def run_table2(config: dict, compare_paper: bool | None = None, only: list[str] 
 def run_table(config: dict, compare_paper: bool | None = None, only: list[str] | None = None,
               root: Path | None = None, table: str | None = None):
     """Evaluate every row of a table config (`table: table1 | table2 | table3`, default table1) whose model
-    is available and render the table beside the paper's. Code benchmarks are graded by
-    `CodeReward(**config["code_reward"])`.
+    is available and render the table beside the paper's. Math benchmarks are graded by
+    `MathReward(**config["math_reward"])`, code benchmarks by `CodeReward(**config["code_reward"])`.
 
     Each (model, benchmark) cell is computed or marked missing on its own, with its reason: every
     benchmark is loaded once, before any model, and one that does not load (hub unreachable, no
@@ -779,7 +786,8 @@ def run_table(config: dict, compare_paper: bool | None = None, only: list[str] |
                     template=row.get("template", config.get("template", "chat")),
                     enable_thinking=row.get("enable_thinking", config.get("enable_thinking", False)),
                     tag=row.get("tag"), samples_per_call=config.get("samples_per_call", 1024),
-                    code_reward=config.get("code_reward"), system_prompt=config.get("system_prompt"),
+                    reward=config.get("math_reward"), code_reward=config.get("code_reward"),
+                    system_prompt=config.get("system_prompt"),
                     failures=failed, **row_sampling)
         except Exception as e:   # noqa: BLE001 - one failed row must not lose the others
             log.exception("%s / %s: evaluation failed", *key)
@@ -854,7 +862,7 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
           sampling: dict[str, Any] | None = None, samples_per_call: int = 1024,
           code_reward: dict[str, Any] | None = None, system_prompt: str | None = None,
           note: str | None = None, dtype: Literal["bfloat16", "float16", "float32"] | None = None,
-          only: list[str] | None = None) -> int:
+          only: list[str] | None = None, math_reward: dict[str, Any] | None = None) -> int:
     """Evaluate a table config's rows (missing models are reported, not fabricated) and print the
     table beside the paper's: Table 1 (math), Table 2 (LiveCodeBench, in the code sandbox) or
     Table 3 (ARC-Challenge, GPQA-Diamond, MMLU-Pro: lettered options, last boxed letter).
@@ -886,6 +894,8 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
         dtype: every row's weights in the engine, hub baselines and exported checkpoints alike
             (null: bfloat16 on GPU, as the authors; float32 on CPU).
         only: evaluate only rows whose 'base_model/method' contains one of these.
+        math_reward: MathReward arguments for math benchmarks, e.g. {verifier: either}
+            (default: MathReward(); docs/grading.md).
     """
     _setup_logging()
     config = {key: value for key, value in locals().items() if key not in ("only", "table")}

@@ -1,14 +1,16 @@
-"""Rule-based math reward: the last ``\\boxed{}`` after ``</think>``, graded with math-verify.
+"""Rule-based math grading with math-verify: the last ``\\boxed{}`` after ``</think>``.
+
+The extraction, the guards and math-verify's verdict that every verifier rule
+(``aspo_lit.rewards.verifiers``) and the reward class (``aspo_lit.rewards.reward``) build on.
 
 Pure-Python guards run first: an exact match after light normalisation scores 1 without
 math-verify (``fast_path``), and answers that are too long or too deeply nested score 0 without
 being parsed. The rest is graded by math-verify, bounded in time two ways:
 
-* **In the calling thread** (``MathVerifyReward.__call__`` from the main thread, ``batch`` with
-  ``num_workers=0``, and every grading inside a pool worker): math-verify's own ``signal.alarm``
-  timeouts bound each parse (``parsing_timeout``) and each comparison (``timeout_seconds``);
-  a timeout scores 0 (a gold parse that times out is not cached).
-* **In worker processes** (``MathVerifyReward.batch``, and any call from a non-main thread, where
+* **In the calling thread** (the main thread, and every grading inside a pool worker):
+  math-verify's own ``signal.alarm`` timeouts bound each parse and each comparison; a timeout
+  scores 0 (a gold parse that times out is not cached).
+* **In worker processes** (``MathReward.batch``, and any call from a non-main thread, where
   signals are unavailable): ``aspo_lit.rewards.pool.GradingPool`` kills and replaces a worker past
   a hard per-item deadline (e.g. stuck inside C code where the alarm cannot land); its item
   scores 0.
@@ -22,19 +24,15 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import re
 import signal
 import threading
 import time
 from typing import Protocol, Sequence, runtime_checkable
 
-from aspo_lit.rewards.pool import GradingPool
-
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "MathVerifyReward",
     "RewardFn",
     "compute_score",
     "extract_answer",
@@ -161,18 +159,18 @@ def _brace_depth(s: str) -> int:
     return best
 
 
-def _too_risky(answer: str) -> bool:
+def too_risky(answer: str) -> bool:
     """Answers no benchmark has and the LaTeX parser may choke on: score 0 unparsed."""
     return len(answer) > MAX_ANSWER_CHARS or _brace_depth(answer) > MAX_BRACE_DEPTH
 
 
-def _quick_score(answer: str | None, gold: str, fast_path: bool = True) -> float | None:
+def shortcut_score(answer: str | None, gold: str, fast_path: bool = True) -> float | None:
     """The score when it is decided without math-verify (no answer, exact match, too risky)."""
     if answer is None:
         return 0.0
     if fast_path and gold.strip() and normalize_answer(answer) == normalize_answer(gold):
         return 1.0
-    if _too_risky(answer) or _too_risky(gold):
+    if too_risky(answer) or too_risky(gold):
         return 0.0
     return None
 
@@ -180,7 +178,7 @@ def _quick_score(answer: str | None, gold: str, fast_path: bool = True) -> float
 # --------------------------------------------------------------------------- grading
 
 
-def _in_main_thread() -> bool:
+def in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
@@ -211,7 +209,7 @@ def _parse_gold(content: str, seconds: int | None) -> tuple:
     return tuple(_parse(content, seconds))
 
 
-def _verify(gold: str, answer: str, seconds: int | None) -> float:
+def math_verify_score(gold: str, answer: str, seconds: int | None) -> float:
     """math-verify's verdict as 1.0 / 0.0; a timeout or malformed LaTeX scores 0."""
     mv, _, timeout_exception = load_math_verify()
     try:
@@ -224,7 +222,7 @@ def _verify(gold: str, answer: str, seconds: int | None) -> float:
 
 
 @contextlib.contextmanager
-def _outer_timer_kept():
+def outer_timer_kept():
     """Re-arm a timer set before grading (e.g. pytest-timeout's): math-verify's ``alarm(0)`` cancels it."""
     delay, interval = signal.getitimer(signal.ITIMER_REAL)
     start = time.monotonic()
@@ -247,142 +245,15 @@ def compute_score(
 
     Runs in the calling thread. In the main thread math-verify's timeouts (``timeout_s``, rounded
     up to whole seconds: ``signal.alarm``) bound each parse and each comparison; in another
-    thread it runs unbounded, so callers there should use ``MathVerifyReward``, which sends such
+    thread it runs unbounded, so callers there should use ``MathReward``, which sends such
     calls to worker processes.
     """
     answer = extract_answer(solution_str, think_end_token)
     gold = gold_answer(ground_truth)
-    quick = _quick_score(answer, gold, fast_path)
+    quick = shortcut_score(answer, gold, fast_path)
     if quick is not None:
         return quick
-    if not _in_main_thread():
-        return _verify(gold, answer, None)
-    with _outer_timer_kept():
-        return _verify(gold, answer, max(1, math.ceil(timeout_s)))
-
-
-# --------------------------------------------------------------------------- reward
-
-
-class MathVerifyReward:
-    """0/1 math correctness reward with math-verify, bounded in time (see module docstring).
-
-    Scores text only: DAPO's overlong penalty is the DataModule's (``data.overlong_buffer``).
-
-    Args:
-        timeout_s: math-verify's time bound for each parse and for each comparison (whole
-            seconds, rounded up).
-        num_workers: grading processes for ``batch`` and non-main-thread calls
-            (default ``min(8, cpu_count)``); 0 grades ``batch`` sequentially in the main thread.
-        think_end_token: grade only the text after the last occurrence of this token, when
-            present (None: grade the whole text).
-        format_reward: if True, a response without ``think_end_token`` or without a final
-            ``\\boxed{}`` scores ``format_error_score`` instead of 0.
-        format_error_score: see ``format_reward``.
-        fast_path: exact match after normalisation scores 1 without math-verify.
-        hard_timeout_s: per-item deadline in a worker before it is killed
-            (default ``1.5 * timeout_s + 2``).
-        worker_memory_limit_mb: address-space limit of each worker (None: no limit).
-    """
-
-    def __init__(
-        self,
-        timeout_s: float = 5.0,
-        num_workers: int | None = None,
-        think_end_token: str | None = "</think>",
-        format_reward: bool = False,
-        format_error_score: float = -1.0,
-        fast_path: bool = True,
-        hard_timeout_s: float | None = None,
-        worker_memory_limit_mb: int | None = 4096,
-    ):
-        self.timeout_s = float(timeout_s)
-        self.num_workers = min(8, os.cpu_count() or 1) if num_workers is None else int(num_workers)
-        self.think_end_token = think_end_token
-        self.format_reward = format_reward
-        self.format_error_score = float(format_error_score)
-        self.fast_path = fast_path
-        self.hard_timeout_s = 1.5 * self.timeout_s + 2.0 if hard_timeout_s is None else float(hard_timeout_s)
-        self.worker_memory_limit_mb = worker_memory_limit_mb
-        self.pool: GradingPool | None = None
-        self._lock = threading.Lock()
-
-    # -- pickling: the pool and lock stay behind
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["pool"] = None
-        state["_lock"] = None
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-    def close(self) -> None:
-        """Stop the worker processes (they restart on the next pooled call)."""
-        pool, self.pool = self.pool, None
-        if pool is not None:
-            pool.close()
-
-    @property
-    def grade_kwargs(self) -> dict:
-        return dict(timeout_s=self.timeout_s, think_end_token=self.think_end_token, fast_path=self.fast_path)
-
-    # -- scoring
-    def __call__(self, response_text: str, gold: str) -> float:
-        """Score one response; bounded in time from any thread (other threads use a worker)."""
-        if _in_main_thread():
-            score = compute_score(response_text, gold, **self.grade_kwargs)
-        else:
-            answer = extract_answer(response_text, self.think_end_token)
-            score = _quick_score(answer, gold_answer(gold), self.fast_path)
-            if score is None:
-                score = self._grade_in_processes([(response_text, gold)])[0]
-        return self._format_checked(response_text, score)
-
-    def batch(self, texts: Sequence[str], golds: Sequence[str]) -> list[float]:
-        """Score ``texts[i]`` against ``golds[i]`` in parallel worker processes."""
-        if len(texts) != len(golds):
-            raise ValueError(f"{len(texts)} texts but {len(golds)} golds")
-        scores: list[float | None] = [
-            _quick_score(extract_answer(t, self.think_end_token), gold_answer(g), self.fast_path)
-            for t, g in zip(texts, golds)
-        ]
-        todo = [i for i, s in enumerate(scores) if s is None]
-        if todo:
-            if self.num_workers == 0 and _in_main_thread():
-                graded = [compute_score(texts[i], golds[i], **self.grade_kwargs) for i in todo]
-            else:
-                graded = self._grade_in_processes([(texts[i], golds[i]) for i in todo])
-            for i, s in zip(todo, graded):
-                scores[i] = s
-        return [self._format_checked(t, s) for t, s in zip(texts, scores)]
-
-    def _grade_in_processes(self, items: list[tuple[str, str]]) -> list[float]:
-        with self._lock:
-            if self.pool is None:
-                self.pool = GradingPool(functools.partial(compute_score, **self.grade_kwargs),
-                                        max(1, self.num_workers), self.hard_timeout_s,
-                                        self.worker_memory_limit_mb, warmup=load_math_verify)
-            return self.pool.map(items)
-
-    def _format_checked(self, text: str, score: float) -> float:
-        """``format_error_score`` for a malformed response when ``format_reward`` is on."""
-        if self.format_reward and not self._well_formed(text):
-            score = self.format_error_score
-        return float(score)
-
-    def _well_formed(self, text: str) -> bool:
-        if self.think_end_token and self.think_end_token not in text:
-            return False
-        return extract_answer(text, self.think_end_token) is not None
-
-    def __repr__(self) -> str:
-        return (f"MathVerifyReward(timeout_s={self.timeout_s}, num_workers={self.num_workers}, "
-                f"think_end_token={self.think_end_token!r}, format_reward={self.format_reward})")
+    if not in_main_thread():
+        return math_verify_score(gold, answer, None)
+    with outer_timer_kept():
+        return math_verify_score(gold, answer, max(1, math.ceil(timeout_s)))

@@ -2,7 +2,7 @@
 
 Applied once, by the rollout DataModule (``data.overlong_buffer``, ``data.overlong_penalty_factor``),
 which knows each response's token count and ``max_response_length``; the correctness rewards
-(``MathVerifyReward``, ``CodeReward``) score text only.
+(``MathReward``, ``CodeReward``) score text only.
 """
 
 from __future__ import annotations
