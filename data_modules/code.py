@@ -222,6 +222,10 @@ class CodeRLDataModule(MathRLDataModule):
                 raise ValueError(f"source {source.tag!r}: layout must be one of {LAYOUTS}, got {source.layout!r}")
         return sources
 
+    def normalize_answers(self, rows, split):
+        """A code row's answer is its test spec: nothing to rewrite."""
+        return rows, {}
+
     def convert_row(self, raw: Mapping[str, Any], source: Source, where: str, staged: bool) -> dict[str, Any]:
         """One upstream row as a normalized code row (``normalize_code_row``)."""
         if staged:

@@ -23,7 +23,7 @@ from aspo_lit.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_
 from aspo_lit.seeding import derived_seed
 from data_modules.fields import math_row
 from data_modules.mixture import Source, load_mixture, mixture_stats
-from data_modules.sources import BadRowError, PromptBatches
+from data_modules.sources import BadRowError, PromptBatches, normalize_golds
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +131,17 @@ class MathRLDataModule(LightningDataModule):
     def _load_split(self, spec, split: str) -> list[dict[str, Any]]:
         sources = self.sources(spec)
         rows, reports = load_mixture(sources, self.convert_row, self.hparams.on_bad_row, self.hparams.dedup, split)
-        self._publish(mixture_stats(reports, split))
+        rows, gold_stats = self.normalize_answers(rows, split)
+        self._publish({**mixture_stats(reports, split), **gold_stats})
         if not rows:
             raise BadRowError(f"data.{split}_files: no usable rows in {[s.tag for s in sources]}")
         return rows
+
+    def normalize_answers(self, rows: list[dict[str, Any]], split: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """Gold answers as a model writes them, as evaluation reads them (`normalize_golds`), and
+        the count rewritten (``data/<split>/golds_rewritten``)."""
+        rows, rewritten = normalize_golds(rows, f"data.{split}_files")
+        return rows, {f"data/{split}/golds_rewritten": float(rewritten)}
 
     def _publish(self, stats: dict[str, float]) -> None:
         """Data counts into ``self.stats`` and, on a fresh run, into the run's loggers (step 0)."""

@@ -120,6 +120,20 @@ def collect_rows(source: str, split: str, on_bad_row: str, check) -> tuple[list[
     return rows, report
 
 
+def normalize_golds(rows: list[dict[str, Any]], source: str) -> tuple[list[dict[str, Any]], int]:
+    """Math golds in the LaTeX a model writes (`aspo_lit.rewards.normalize_gold`: Python
+    e-notation such as Minerva's ``3.83e35``, and code such as ``np.arcsin(10/13)``), and how many
+    were rewritten; the count is logged per source. Graders read ``e`` as Euler's number otherwise."""
+    from aspo_lit.rewards import normalize_gold
+
+    out = [dict(row, answer=normalize_gold(row["answer"])) for row in rows]
+    changed = [(row["answer"], new["answer"]) for row, new in zip(rows, out) if new["answer"] != row["answer"]]
+    if changed:
+        log.info("%s: %d of %d gold answers rewritten as LaTeX by normalize_gold (e.g. %r -> %r)",
+                 source, len(changed), len(rows), *changed[0])
+    return out, len(changed)
+
+
 class PromptBatches:
     """Shuffled prompt batches, reshuffled per epoch from `(seed, epoch)`, resumable mid-epoch.
 

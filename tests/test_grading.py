@@ -272,7 +272,7 @@ def test_hub_golds_are_normalised_too(monkeypatch, caplog):
 
     rows = [{"question": "Q1?", "answer": "1e-3"}, {"question": "Q2?", "answer": "\\frac{1}{2}"}]
     monkeypatch.setattr(datasets, "load_dataset", lambda hub_id, config=None, split=None: rows)
-    with caplog.at_level(logging.INFO, logger="aspo_lit.eval.datasets"):
+    with caplog.at_level(logging.INFO, logger="data_modules.sources"):
         loaded = load_benchmark("minerva", data_dir="/nonexistent")
     assert [r["answer"] for r in loaded] == ["10^{-3}", "\\frac{1}{2}"]
     assert "math-ai/minervamath: 1 of 2 gold answers rewritten as LaTeX" in caplog.text

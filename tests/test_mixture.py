@@ -186,6 +186,20 @@ def test_dedup_across_sources_keeps_the_first_and_counts_conflicts(hub):
     assert len(rows) == 6
 
 
+def test_training_golds_are_normalized_as_evaluation_reads_them(tmp_path):
+    """A Python e-notation gold (``1e-3``: math-verify reads ``e`` as Euler's number) is rewritten for
+    training as it is for evaluation, and counted; a code row's test spec is left alone."""
+    path = tmp_path / "golds.jsonl"
+    golds = {"a": "1e-3", "b": "3.83e35", "c": "42"}
+    path.write_text("".join(json.dumps({"id": k, "problem": f"Problem {k}.", "answer": v}) + "\n"
+                            for k, v in golds.items()))
+    rows, stats = math_rows([dict(path=str(path), label="golds")])
+    assert [r["answer"] for r in rows] == ["10^{-3}", "3.83 \\times 10^{35}", "42"]
+    assert stats["data/train/golds_rewritten"] == 2.0
+    spec = json.dumps({"tests": [{"input": "", "output": "print(math.sqrt(2))", "type": "stdin"}]})
+    assert CodeRLDataModule().normalize_answers([{"answer": spec}], "train") == ([{"answer": spec}], {})
+
+
 def test_normalized_problem():
     assert normalized_problem("  Ｆind\u00a0 X\n\tnow ") == "find x now"
     assert normalized_problem("x = 1") != normalized_problem("x=1")
@@ -331,7 +345,8 @@ def test_staged_math_training_sets_counts(shared_data_dir):
     assert got == {"deepscaler_dsr_sub/rows": 1209, "deepscaler_dsr_sub/bad_rows": 1, "deepscaler_dsr_sub/duplicates": 2,
                    "deepscaler_dsr_sub/answer_conflicts": 0, "deepscaler_dsr_sub/kept": 1206,
                    "dapo_math_17k/rows": 17917, "dapo_math_17k/bad_rows": 0, "dapo_math_17k/duplicates": 811,
-                   "dapo_math_17k/answer_conflicts": 13, "dapo_math_17k/kept": 17106}
+                   "dapo_math_17k/answer_conflicts": 13, "dapo_math_17k/kept": 17106,
+                   "golds_rewritten": 0}   # no Python-notation gold in these two
     assert len(rows) == 1206 + 17106 and len({normalized_problem(r["problem"]) for r in rows}) == len(rows)
 
 

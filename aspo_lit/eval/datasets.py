@@ -42,12 +42,12 @@ release, which has none):
 """
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from data_modules.sources import normalize_golds
+
 
 
 
@@ -188,7 +188,7 @@ def _load_local(bench: Benchmark, path: Path) -> list[dict]:
         return load_choice_local(path, bench.choice_format, bench.fields)
     rows, _ = load_rows(str(path), "problem", "answer", on_bad_row="error")
     _check_unique_ids(rows, str(path))
-    return _normalize_golds(rows, str(path))
+    return normalize_golds(rows, str(path))[0]
 
 
 def _load_code_local(path: Path) -> list[dict]:
@@ -225,20 +225,7 @@ def _load_hub(bench: Benchmark) -> list[dict]:
         rows.append({"id": str(get(record, "id", f"{bench.name}-{i}")), "problem": problem,
                      "answer": answer})
     _check_unique_ids(rows, bench.hub_id)
-    return _normalize_golds(rows, bench.hub_id)
-
-
-def _normalize_golds(rows: list[dict], source: str) -> list[dict]:
-    """Math golds in the LaTeX a model writes (``aspo_lit.rewards.normalize_gold``: Minerva's
-    Python e-notation and code); how many were rewritten is logged per source."""
-    from aspo_lit.rewards import normalize_gold
-
-    out = [dict(row, answer=normalize_gold(row["answer"])) for row in rows]
-    changed = [(row["answer"], new["answer"]) for row, new in zip(rows, out) if new["answer"] != row["answer"]]
-    if changed:
-        log.info("%s: %d of %d gold answers rewritten as LaTeX by normalize_gold (e.g. %r -> %r)",
-                 source, len(changed), len(rows), *changed[0])
-    return out
+    return normalize_golds(rows, bench.hub_id)[0]
 
 
 def _hub_answer(answer):
