@@ -158,10 +158,18 @@ def source_rows(source: Source) -> tuple[str, bool, Iterator[tuple[str, Any]]]:
 
 
 def _hub_file_rows(source: Source) -> Iterator[tuple[str, Any]]:
+    """(location, raw row) of each of the source's hub files, fetched with ``hf_hub_download``
+    (cached: a node with a warm cache reads them offline); a file that can be neither fetched nor
+    found in the cache is named."""
     from huggingface_hub import hf_hub_download
 
     for name in source.data_files:
-        local = hf_hub_download(repo_id=source.path, filename=name, repo_type="dataset")
+        try:
+            local = hf_hub_download(repo_id=source.path, filename=name, repo_type="dataset")
+        except Exception as err:   # offline with a cold cache, unreachable, renamed: say which file
+            first = (str(err).strip().splitlines() or [""])[0]
+            raise FileNotFoundError(f"{source.path}: {name} of source {source.tag!r} is neither in the local "
+                                    f"HF cache nor reachable on the hub ({type(err).__name__}: {first[:160]})") from err
         for where, raw in raw_rows(local, source.split):
             yield where.replace(local, f"{source.path}/{name}"), raw
 

@@ -234,7 +234,7 @@ def test_lcb_hub_bad_row_names_file_and_line(lcb_hub, tmp_path):
     with pytest.raises(BadRowError, match=r"test4\.jsonl:1: not a LiveCodeBench row with a contest_date"):
         load_benchmark("lcb_v5", data_dir=tmp_path / "nothing-here")
     (lcb_hub / "test3.jsonl").unlink()     # offline, not in the cache: the error names the file
-    with pytest.raises(FileNotFoundError, match=r"code_generation_lite: test3\.jsonl of release_v5 is neither"):
+    with pytest.raises(FileNotFoundError, match=r"code_generation_lite: test3\.jsonl of source 'release_v5' is neither"):
         load_benchmark("lcb_v5", data_dir=tmp_path / "nothing-here")
 
 

@@ -8,8 +8,9 @@ files in the hub dataset ``livecodebench/code_generation_lite``; a release is a 
 ``test6.jsonl``. The authors' evaluation (their LiveCodeBench fork, ``compute_code_generation_metrics``)
 loads ``release_v5`` and keeps ``2024-08-01 <= contest_date`` up to ``2025-02-01``: 279 problems.
 
-Here each file of the release is fetched with ``huggingface_hub.hf_hub_download`` (cached, so a
-second run and an offline node with a warm cache read it locally), and a problem is kept when its
+Here each file of the release is fetched with ``huggingface_hub.hf_hub_download`` (through
+`data_modules.mixture.Source`'s ``data_files``; cached, so a second run and an offline node with a
+warm cache read it locally), and a problem is kept when its
 ``contest_date`` lies in the benchmark's half-open window ``[start, end)``:
 
 * v5 = ``release_v5`` rows in ``[2024-08-01, 2025-02-01)``: 279 problems. ``release_v6`` has 44
@@ -29,11 +30,9 @@ every problem is graded on all of its tests, as the official and the authors' ev
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from datetime import date, datetime
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -79,59 +78,51 @@ def _as_datetime(value) -> datetime:
     return datetime.fromisoformat(str(value))
 
 
-def load_lcb_release(release: str, contest_dates, hub_id: str = LCB_HUB_ID,
-                     revision: str | None = None) -> list[dict]:
+def load_lcb_release(release: str, contest_dates, hub_id: str = LCB_HUB_ID) -> list[dict]:
     """Rows ``{id, problem, answer, starter_code, tests_scope}`` of LiveCodeBench release
     ``release`` (e.g. ``"release_v5"``) whose ``contest_date`` is in ``contest_dates`` =
     ``(start, end)``, half-open, in file order; ``answer`` is the test spec (public + private
-    tests). Each release file is fetched with ``hf_hub_download`` (``revision``: a branch, tag
-    or commit of the hub dataset; default its main branch). A row without a usable date,
-    statement or tests raises ``BadRowError`` naming the file and line."""
-    import huggingface_hub
+    tests). The release files are read as a `data_modules.mixture.Source` with ``data_files``
+    (``hf_hub_download``, as the training configs' LiveCodeBench validation source). A row without
+    a usable date, statement or tests raises ``BadRowError`` naming the file and line."""
+    from data_modules.mixture import Source, source_rows
+    from data_modules.sources import BadRowError
 
     if release not in RELEASE_FILES:
         raise ValueError(f"unknown LiveCodeBench release {release!r}; known: {', '.join(RELEASE_FILES)}")
     window = ContestWindow.of(contest_dates)
+    source = Source(path=hub_id, label=release, data_files=list(RELEASE_FILES[release]))
     rows, seen = [], set()
-    for filename in RELEASE_FILES[release]:
-        try:
-            path = Path(huggingface_hub.hf_hub_download(hub_id, filename, repo_type="dataset", revision=revision))
-        except Exception as err:   # offline with a cold cache, unreachable, renamed: say which file
-            first = (str(err).strip().splitlines() or [""])[0]
-            raise FileNotFoundError(f"{hub_id}: {filename} of {release} is neither in the local HF cache "
-                                    f"nor reachable on the hub ({type(err).__name__}: {first[:160]})") from err
-        for row in _select(path, f"{hub_id}/{filename}", window):
-            if row["id"] in seen:
-                from data_modules.sources import BadRowError
-                raise BadRowError(f"{hub_id}/{filename}: duplicate problem {row['id']!r}")
-            seen.add(row["id"])
-            rows.append(row)
-    log.info("%s %s: %d problems with %s (files %s, snapshot %s)", hub_id, release, len(rows), window,
-             ", ".join(RELEASE_FILES[release]), path.parent.name)
+    for where, raw in source_rows(source)[2]:
+        if isinstance(raw, Exception):
+            raise raw
+        row = _in_window(raw, where, window)
+        if row is None:
+            continue
+        if row["id"] in seen:
+            raise BadRowError(f"{where}: duplicate problem {row['id']!r}")
+        seen.add(row["id"])
+        rows.append(row)
+    log.info("%s %s: %d problems with %s (files %s)", hub_id, release, len(rows), window,
+             ", ".join(RELEASE_FILES[release]))
     return rows
 
 
-def _select(path: Path, source: str, window: ContestWindow):
-    """The rows of one release file in ``window``, normalized; out-of-window rows are not decoded."""
+def _in_window(raw, where: str, window: ContestWindow) -> dict | None:
+    """One release row, normalized, if it is in ``window`` (out-of-window rows are not decoded)."""
     from data_modules.code import normalize_code_row
     from data_modules.sources import BadRowError
 
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{source}:{lineno}"
-            try:
-                raw = json.loads(line)
-                when = _as_datetime(raw["contest_date"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-                raise BadRowError(f"{where}: not a LiveCodeBench row with a contest_date "
-                                  f"({type(err).__name__}: {err})") from None
-            if when not in window:
-                continue
-            if "private_test_cases" not in raw or not raw.get("question_id"):
-                raise BadRowError(f"{where}: no question_id or private_test_cases (not LiveCodeBench's "
-                                  "release layout)")
-            row = normalize_code_row({**raw, "id": f"lcb-{raw['question_id']}"}, where)
-            yield {"id": row["id"], "problem": row["problem"], "answer": row["answer"],
-                   "starter_code": row["starter_code"], "tests_scope": ALL_TESTS}
+    try:
+        when = _as_datetime(raw["contest_date"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise BadRowError(f"{where}: not a LiveCodeBench row with a contest_date "
+                          f"({type(err).__name__}: {err})") from None
+    if when not in window:
+        return None
+    if "private_test_cases" not in raw or not raw.get("question_id"):
+        raise BadRowError(f"{where}: no question_id or private_test_cases (not LiveCodeBench's "
+                          "release layout)")
+    row = normalize_code_row({**raw, "id": f"lcb-{raw['question_id']}"}, where)
+    return {"id": row["id"], "problem": row["problem"], "answer": row["answer"],
+            "starter_code": row["starter_code"], "tests_scope": ALL_TESTS}
