@@ -6,10 +6,10 @@
 
 Runs ``python -m aspo_lit fit`` under ``py-spy record --idle`` (idle samples included, so waiting
 for the reward's worker processes or a file write counts as wall time), keeps the main thread's
-samples, and gives each sample to the stage of the innermost frame that names one (a forward
-inside the old-log-prob pass is "old log-probs", a ``generate`` inside validation is
-"validation"). Samples before the first rollout batch and after the last are start-up and
-tear-down. Prints seconds per rollout batch for each stage next to the ``timing/*`` columns of
+samples, and gives each sample inside Lightning's fit loop to a stage: validation or checkpoint
+when any frame is theirs, else the stage of the innermost frame that names one (a forward inside
+the old-log-prob pass is "old log-probs"). Samples outside the loop (imports, model loading, the
+figures of ``on_fit_end``) are reported apart. Prints seconds per rollout batch for each stage next to the ``timing/*`` columns of
 the run's ``metrics.csv`` (means over the batches after the first), so the two can be checked
 against each other.
 """
@@ -20,6 +20,7 @@ import argparse
 import collections
 import csv
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -29,36 +30,39 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# (stage, frame substrings): the innermost frame that matches any substring names the stage.
-# Frames read "function (path)" with py-spy's --nolineno, paths shortened to the package.
-STAGES: list[tuple[str, tuple[str, ...]]] = [
-    ("validation", ("_run_validation", "_evaluation_loop", "evaluation_loop.py")),
-    ("checkpoint", ("_save_checkpoint", "save_checkpoint (", "_save_last_checkpoint", "_save_topk_checkpoint")),
-    ("logging", ("log_metrics (lightning", "save (lightning", "_CSVExperimentWriter", "logger_connector")),
-    ("reward", ("batch (aspo_lit/rewards", "_grade_in_processes")),
-    ("generate", ("generate (aspo_lit/rollout",)),
-    ("rollout: pack/advantages", ("rollout (data_modules",)),
-    ("old log-probs", ("_pre_update_pass",)),
-    ("update", ("training_step (aspo_lit",)),
-    ("callbacks", ("aspo_lit/callbacks",)),
+# (stage, frame substrings). py-spy's frames read "Class.method (package/path.py)" (--nolineno).
+# A sample inside a validation loop or a checkpoint write belongs to it wherever it sits;
+# otherwise the innermost frame that names a stage decides.
+ANYWHERE: list[tuple[str, tuple[str, ...]]] = [
+    ("validation", ("_EvaluationLoop.", "RLDataModule.evaluate")),
+    ("checkpoint", ("ModelCheckpoint.", "Trainer.save_checkpoint")),
+]
+INNERMOST: list[tuple[str, tuple[str, ...]]] = [
+    ("reward", ("Reward.batch", "_grade_in_processes", "GradingPool.")),
+    ("generate", ("Engine.generate (aspo_lit/rollout",)),
+    ("rollout: pack/advantages", ("RLDataModule.rollout", "on_after_batch_transfer")),
+    ("old log-probs", ("ASPOModule._pre_update_pass",)),
+    ("update", ("ASPOModule.training_step",)),
+    ("logging", ("LightningModule.log", "_LoggerConnector.", "CSVLogger.", "ExperimentWriter.", "_ResultCollection.")),
+    ("callbacks", ("(aspo_lit/callbacks", "(lightning/pytorch/callbacks")),
     ("optimizer/scheduler hooks", ("optimizer", "lr_scheduler")),
 ]
-LOOP_MARK = "run_training_batch"  # Lightning's per-batch entry (advance of the training epoch loop)
-FIT_MARK = "_run_stage"
+FIT_MARK = "_FitLoop."  # the training loop; outside it: imports, model loading, on_fit_end's figures
+OUTSIDE = "outside the fit loop"
 
 
 def classify(stack: list[str]) -> str:
     """The stage of one sample; `stack` runs root to leaf."""
-    for stage, marks in STAGES[:1]:
+    if not any(FIT_MARK in f for f in stack):
+        return OUTSIDE
+    for stage, marks in ANYWHERE:
         if any(m in f for f in stack for m in marks):
             return stage
     for frame in reversed(stack):
-        for stage, marks in STAGES[1:]:
+        for stage, marks in INNERMOST:
             if any(m in frame for m in marks):
                 return stage
-    if any(FIT_MARK in f for f in stack):
-        return "loop: other"
-    return "start-up / tear-down"
+    return "loop: other"
 
 
 def main_thread_samples(raw: Path) -> list[tuple[list[str], int]]:
@@ -67,8 +71,8 @@ def main_thread_samples(raw: Path) -> list[tuple[list[str], int]]:
     for line in raw.read_text().splitlines():
         stack_text, _, count = line.rpartition(" ")
         frames = stack_text.split(";")
-        # --threads puts "thread (0x...)" (or the process line with --subprocesses) first
-        thread = next((f for f in frames if f.startswith("thread (")), "?")
+        # --threads puts "thread (<id>): <name>" first (the name is sometimes missing)
+        thread = next((f.split(")")[0] for f in frames if f.startswith("thread (")), "?")
         by_thread[thread].append(([f for f in frames if not f.startswith(("thread (", "process "))], int(count)))
     return max(by_thread.values(), key=lambda rows: sum(c for _, c in rows))
 
@@ -87,10 +91,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps-per-batch", type=int, default=4, help="optimizer steps per rollout batch")
     p.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     p.add_argument("--py-spy", default=shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"))
+    p.add_argument("--torch-threads", type=int, default=None, help="OMP_NUM_THREADS for the run (default: torch's)")
+    p.add_argument("--keep-raw", default=None, help="copy py-spy's raw stacks here")
     p.add_argument("--out", default=None, help="write the profile as JSON here")
+    p.add_argument("--from-raw", default=None, help="analyse stacks kept by --keep-raw instead of running")
     p.add_argument("fit_args", nargs="*", help="more `fit` arguments (after --)")
     args = p.parse_args(argv)
 
+    if args.from_raw:
+        samples, timings = main_thread_samples(Path(args.from_raw)), {}
+    else:
+        samples, timings = record(args)
+    report(args, samples, timings)
+    return 0
+
+
+def record(args) -> tuple[list[tuple[list[str], int]], dict[str, float]]:
+    """Run the fit under py-spy; its main thread's samples and its metrics.csv timings."""
     with tempfile.TemporaryDirectory(prefix="profile_fit_") as tmp:
         raw = Path(tmp) / "stacks.txt"
         fit = [sys.executable, "-m", "aspo_lit", "fit", "--config", args.config,
@@ -100,20 +117,26 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [args.py_spy, "record", "--idle", "--threads", "--nolineno", "--nonblocking", "-r", str(args.rate),
                "-f", "raw", "-o", str(raw), "--", *fit]
         print(" ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, cwd=REPO)
-        samples = main_thread_samples(raw)
-        timings = timing_means(Path(tmp) / "run" / "version_0" / "metrics.csv")
+        env = dict(os.environ, **({"OMP_NUM_THREADS": str(args.torch_threads)} if args.torch_threads else {}))
+        subprocess.run(cmd, check=True, cwd=REPO, env=env)
+        if args.keep_raw:
+            shutil.copy(raw, args.keep_raw)
+        return main_thread_samples(raw), timing_means(Path(tmp) / "run" / "version_0" / "metrics.csv")
 
+
+def report(args, samples, timings) -> None:
     seconds: dict[str, float] = collections.Counter()
     for stack, count in samples:
         seconds[classify(stack)] += count / args.rate
-    in_loop = sum(v for k, v in seconds.items() if k != "start-up / tear-down")
-    print(f"\n{args.config}: {args.batches} rollout batches, {in_loop:.1f} s in the training loop "
-          f"({in_loop / args.batches:.3f} s per batch), start-up + tear-down {seconds['start-up / tear-down']:.1f} s")
-    print("\n| stage | s per rollout batch | share of the loop |")
+    in_loop = sum(v for k, v in seconds.items() if k != OUTSIDE)
+    # sampled seconds are not wall seconds (py-spy's clock drifts on a loaded machine): read the
+    # shares, and metrics.csv for seconds
+    print(f"\n{args.config}: {args.batches} rollout batches, {in_loop:.1f} sampled s in the training loop "
+          f"({in_loop / args.batches:.3f} per batch), outside it (start-up, fit-end figures) {seconds[OUTSIDE]:.1f} s")
+    print("\n| stage | sampled s per rollout batch | share of the loop |")
     print("|---|---|---|")
     for stage, sec in sorted(seconds.items(), key=lambda kv: -kv[1]):
-        if stage == "start-up / tear-down":
+        if stage == OUTSIDE:
             continue
         print(f"| {stage} | {sec / args.batches:.3f} | {100 * sec / in_loop:.1f} % |")
     print("\nmetrics.csv (mean over batches 2..):")
@@ -122,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"config": args.config, "batches": args.batches,
                                               "seconds": dict(seconds), "timings": timings}, indent=2))
-    return 0
 
 
 if __name__ == "__main__":

@@ -316,8 +316,9 @@ def test_hf_engine_restores_training_mode(tiny_model_dir):
 
 
 def test_hf_growing_kv_cache_samples_the_same_bits(tiny_model_dir, monkeypatch):
-    """The engine's in-place KV cache (rollout/kv_cache.py) grows while sampling and gives the
-    tokens and log-probs of transformers' default cache, bit for bit."""
+    """The engine's in-place KV cache (rollout/kv_cache.py), moved into its buffer early here (at 8
+    positions, not 128), grows while sampling and gives the tokens and log-probs of transformers'
+    default cache, bit for bit."""
     from aspo_lit.rollout import kv_cache
 
     policy, tok = _load(tiny_model_dir)
@@ -327,7 +328,8 @@ def test_hf_growing_kv_cache_samples_the_same_bits(tiny_model_dir, monkeypatch):
     sampling = SamplingConfig(temperature=1.0, max_tokens=40, seed=3, logprobs=True)
     caches = []
     real = kv_cache.growing_kv_cache
-    monkeypatch.setattr(kv_cache, "growing_kv_cache", lambda model, limit: caches.append(real(model, limit)) or caches[-1])
+    monkeypatch.setattr(kv_cache, "growing_kv_cache",
+                        lambda model, limit: caches.append(real(model, limit, start=8)) or caches[-1])
     growing = engine.generate(ids, n=4, sampling=sampling)
     layers = caches[0].layers
     assert len(caches) == 1 and all(isinstance(layer, kv_cache.GrowingLayer) for layer in layers)
