@@ -2,7 +2,8 @@
 
     pip install -e ".[perf]"        # TRL (the `perf` extra; never needed by `make test`)
     python perf/bench_peer.py [--shapes demo,long] [--rounds 3] [--lengths 10 30]
-        [--long-lengths 2 6] [--checkpoint off|config] [--torch-threads N] [--out results.json]
+        [--long-lengths 2 6] [--checkpoint off|config] [--default-kv-cache] [--torch-threads N]
+        [--out results.json]
 
 Per shape and round it runs four training runs in this one process - aspo-lit and TRL, each for a
 short and a long number of rollout batches - and takes ``(t_long - t_short) / (n_long - n_short)``
@@ -10,6 +11,10 @@ as the seconds per rollout batch, so start-up (imports aside: both are imported 
 first run), model loading and the first step's warm-up cancel. The order alternates between
 rounds (aspo-lit first, then TRL first), so a change of load on a shared machine hits both sides.
 It prints each round's per-batch seconds and ratio (aspo-lit / TRL) side by side, and the median.
+Next to it, the steady-state seconds per batch inside the long run (end of its first rollout
+batch to end of its last, over n_long - 1 batches), which start-up noise cannot reach.
+``--default-kv-cache`` adds a third side: aspo-lit with transformers' own KV cache instead of the
+engine's (``aspo_lit/rollout/kv_cache.py``), the code before that change, under the same load.
 
 Shapes (the configs are read, not restated: batch shape, sampling and optimiser come from them):
 
@@ -78,6 +83,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +183,41 @@ def load_work(shape: Shape) -> Work:
     )
 
 
+# --------------------------------------------------------------------------- clocks
+
+class BatchClock(Callback):
+    """The wall clock at the end of every rollout batch, written to `path` when the fit ends
+    (named in the run's config by ``class_path: bench_peer.BatchClock``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+    def on_fit_end(self, *args: Any) -> None:
+        Path(self.path).write_text(json.dumps(self.ends))
+
+
+def steady_s_per_batch(ends: list[float]) -> float:
+    """Seconds per rollout batch from the end of the first to the end of the last."""
+    return (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else float("nan")
+
+
+def trl_clock(steps_per_batch: int, ends: list[float]):
+    """A transformers ``TrainerCallback``: the wall clock at the end of every rollout batch
+    (every `steps_per_batch`-th optimizer step; TRL generates at the first step of each)."""
+    from transformers import TrainerCallback
+
+    class _Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % steps_per_batch == 0:
+                ends.append(time.perf_counter())
+
+    return _Clock()
+
+
 # --------------------------------------------------------------------------- aspo-lit
 
 def _is_checkpoint(callback: Any) -> bool:
@@ -183,13 +225,18 @@ def _is_checkpoint(callback: Any) -> bool:
     return path.endswith(("RunCheckpoint", "ModelCheckpoint"))
 
 
-def run_aspo(shape: Shape, work: Work, batches: int, tmp: Path, checkpoint: bool, tag: str) -> tuple[float, Path]:
-    """One `fit` of `batches` rollout batches in this process; wall seconds and its metrics.csv."""
+def run_aspo(shape: Shape, work: Work, batches: int, tmp: Path, checkpoint: bool, tag: str,
+             default_kv_cache: bool = False) -> tuple[float, list[float], Path]:
+    """One `fit` of `batches` rollout batches in this process: wall seconds, the end time of
+    every rollout batch, and its metrics.csv."""
     import yaml
 
     from aspo_lit.__main__ import main
+    from aspo_lit.rollout import kv_cache
 
+    clock = tmp / f"{tag}.clock.json"
     callbacks = [c for c in work.callbacks if checkpoint or not _is_checkpoint(c)]
+    callbacks.append({"class_path": "bench_peer.BatchClock", "init_args": {"path": str(clock)}})
     override = tmp / f"{tag}.yaml"
     override.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
     args = ["fit", "--config", str(REPO / shape.config), *shape.extra_args, "--config", str(override),
@@ -197,13 +244,19 @@ def run_aspo(shape: Shape, work: Work, batches: int, tmp: Path, checkpoint: bool
             f"--trainer.logger.init_args.save_dir={tmp}", f"--trainer.logger.init_args.name={tag}",
             "--trainer.logger.init_args.version=0",
             "--trainer.enable_progress_bar=false", "--data.init_args.num_val=0"]
-    t0 = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = main(args)
-    seconds = time.perf_counter() - t0
+    engine_cache = kv_cache.growing_kv_cache
+    if default_kv_cache:
+        kv_cache.growing_kv_cache = lambda model, limit: None  # generate() builds transformers' own
+    try:
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = main(args)
+        seconds = time.perf_counter() - t0
+    finally:
+        kv_cache.growing_kv_cache = engine_cache
     if code != 0:
         raise RuntimeError(f"aspo-lit fit failed ({code}): {' '.join(args)}")
-    return seconds, tmp / tag / "version_0" / "metrics.csv"
+    return seconds, json.loads(clock.read_text()), tmp / tag / "version_0" / "metrics.csv"
 
 
 def stage_means(metrics_csv: Path, skip_first: int = 1) -> dict[str, float]:
@@ -266,8 +319,9 @@ def trl_config(work: Work, batches: int, out_dir: Path):
     )
 
 
-def run_trl(work: Work, batches: int, tmp: Path, tag: str) -> float:
-    """One GRPOTrainer run of `batches` rollout batches; wall seconds (construction included)."""
+def run_trl(work: Work, batches: int, tmp: Path, tag: str) -> tuple[float, list[float]]:
+    """One GRPOTrainer run of `batches` rollout batches: wall seconds (construction included) and
+    the end time of every rollout batch."""
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
@@ -281,20 +335,26 @@ def run_trl(work: Work, batches: int, tmp: Path, tag: str) -> float:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return reward.batch(texts, answer)
 
+    ends: list[float] = []
     try:
         trainer = GRPOTrainer(model=work.model_dir, reward_funcs=math_reward,
                               args=trl_config(work, batches, tmp / tag),
-                              train_dataset=trl_dataset(work, tokenizer), processing_class=tokenizer)
+                              train_dataset=trl_dataset(work, tokenizer), processing_class=tokenizer,
+                              callbacks=[trl_clock(work.steps_per_batch, ends)])
         with contextlib.redirect_stdout(io.StringIO()):
             trainer.train()
     finally:
         reward.close()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, ends
 
 
 # --------------------------------------------------------------------------- rounds
 
-def bench_shape(shape: Shape, rounds: int, lengths: tuple[int, int], checkpoint: bool, tmp: Path) -> dict[str, Any]:
+SIDE_NAMES = {"aspo": "aspo-lit", "trl": "TRL", "aspo-default-kv": "aspo-lit, transformers' KV cache"}
+
+
+def bench_shape(shape: Shape, rounds: int, lengths: tuple[int, int], checkpoint: bool, sides: tuple[str, ...],
+                tmp: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     work = load_work(shape)
@@ -305,41 +365,56 @@ def bench_shape(shape: Shape, rounds: int, lengths: tuple[int, int], checkpoint:
           f"<= {work.max_response_length} new tokens, {work.steps_per_batch} mini-batches of "
           f"{work.mini_batch_size * work.group_size}; runs of {short} and {long} rollout batches", flush=True)
     for r in range(rounds):
-        order = ("aspo", "trl") if r % 2 == 0 else ("trl", "aspo")
+        order = sides[r % len(sides):] + sides[:r % len(sides)]  # each side leads in turn
         seconds: dict[tuple[str, int], float] = {}
+        steady: dict[str, float] = {}
         loads: list[float] = []
         stages: dict[str, float] = {}
         for n in (short, long):
             for side in order:
                 loads.append(os.getloadavg()[0])
                 tag = f"{shape.name}_r{r}_{side}_{n}"
-                if side == "aspo":
-                    seconds[side, n], metrics = run_aspo(shape, work, n, tmp, checkpoint, tag)
-                    if n == long:
-                        stages = stage_means(metrics)
+                if side == "trl":
+                    seconds[side, n], ends = run_trl(work, n, tmp, tag)
                 else:
-                    seconds[side, n] = run_trl(work, n, tmp, tag)
-                print(f"  round {r}: {side:4s} {n:3d} batches  {seconds[side, n]:7.1f} s  (load {loads[-1]:.2f})",
+                    seconds[side, n], ends, metrics = run_aspo(shape, work, n, tmp, checkpoint, tag,
+                                                               default_kv_cache=side == "aspo-default-kv")
+                    if n == long and side == "aspo":
+                        stages = stage_means(metrics)
+                if n == long:
+                    steady[side] = steady_s_per_batch(ends)
+                print(f"  round {r}: {side:15s} {n:3d} batches  {seconds[side, n]:7.1f} s  (load {loads[-1]:.2f})",
                       flush=True)
-        per = {side: (seconds[side, long] - seconds[side, short]) / (long - short) for side in ("aspo", "trl")}
-        results.append({"round": r, "order": list(order), "seconds": {f"{s}_{n}": v for (s, n), v in seconds.items()},
-                        "aspo_s_per_batch": per["aspo"], "trl_s_per_batch": per["trl"],
-                        "ratio": per["aspo"] / per["trl"], "load_1min": loads, "aspo_stages": stages})
-        print(f"  round {r}: aspo-lit {per['aspo']:.3f} s/batch, TRL {per['trl']:.3f} s/batch, "
-              f"ratio {per['aspo'] / per['trl']:.2f}", flush=True)
+        per = {side: (seconds[side, long] - seconds[side, short]) / (long - short) for side in sides}
+        row = {"round": r, "order": list(order), "seconds": {f"{s}_{n}": v for (s, n), v in seconds.items()},
+               "s_per_batch": per, "steady_s_per_batch": steady,
+               "ratio": {s: per[s] / per["trl"] for s in sides if s != "trl"},
+               "steady_ratio": {s: steady[s] / steady["trl"] for s in sides if s != "trl"},
+               "load_1min": loads, "aspo_stages": stages}
+        results.append(row)
+        print(f"  round {r}: " + ", ".join(f"{SIDE_NAMES[s]} {per[s]:.3f} s/batch (steady {steady[s]:.3f})" for s in sides)
+              + "; ratio to TRL " + ", ".join(f"{s} {v:.2f}" for s, v in row["ratio"].items()), flush=True)
+    median = {s: statistics.median(x["ratio"][s] for x in results) for s in sides if s != "trl"}
+    median_steady = {s: statistics.median(x["steady_ratio"][s] for x in results) for s in sides if s != "trl"}
     return {"shape": shape.name, "config": shape.config, "lengths": [short, long], "checkpoint": checkpoint,
-            "rounds": results, "median_ratio": statistics.median(x["ratio"] for x in results)}
+            "rounds": results, "median_ratio": median, "median_steady_ratio": median_steady}
 
 
 def print_table(summary: list[dict[str, Any]]) -> None:
-    print("\n| shape | round | aspo-lit s/batch | TRL s/batch | ratio | load (1 min) |")
-    print("|---|---|---|---|---|---|")
+    """Per shape, round and side: s/batch by difference, its ratio to TRL, and the steady-state pair."""
+    print("\n| shape | round | side | s/batch (difference) | ratio to TRL | s/batch (steady) | ratio (steady) | load (1 min) |")
+    print("|---|---|---|---|---|---|---|---|")
     for res in summary:
         for x in res["rounds"]:
             load = f"{min(x['load_1min']):.1f}-{max(x['load_1min']):.1f}"
-            print(f"| {res['shape']} | {x['round']} | {x['aspo_s_per_batch']:.3f} | {x['trl_s_per_batch']:.3f} "
-                  f"| **{x['ratio']:.2f}** | {load} |")
-        print(f"| {res['shape']} | median | | | **{res['median_ratio']:.2f}** | |")
+            for side, per in x["s_per_batch"].items():
+                ratio = f"**{x['ratio'][side]:.2f}**" if side in x["ratio"] else ""
+                steady_ratio = f"{x['steady_ratio'][side]:.2f}" if side in x["steady_ratio"] else ""
+                print(f"| {res['shape']} | {x['round']} | {SIDE_NAMES[side]} | {per:.3f} | {ratio} "
+                      f"| {x['steady_s_per_batch'][side]:.3f} | {steady_ratio} | {load} |")
+        for side, ratio in res["median_ratio"].items():
+            print(f"| {res['shape']} | median | {SIDE_NAMES[side]} | | **{ratio:.2f}** | "
+                  f"| {res['median_steady_ratio'][side]:.2f} | |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="rollout batches of the short and the long run (long shape)")
     p.add_argument("--checkpoint", choices=("off", "config"), default="off",
                    help="off: no checkpoints on either side (equal work); config: aspo-lit keeps its config's")
+    p.add_argument("--default-kv-cache", action="store_true",
+                   help="a third side: aspo-lit with transformers' own KV cache (the code before the engine's)")
     p.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads for both sides")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -360,9 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     import torch
+    import transformers
     import trl  # noqa: F401 - fail here, not after the first aspo-lit run, when the extra is missing
 
     warnings.filterwarnings("ignore")
+    transformers.utils.logging.disable_progress_bar()
     for name in ("lightning", "lightning.pytorch", "transformers", "trl", "aspo_lit", "data_modules"):
         logging.getLogger(name).setLevel(logging.ERROR)
     if args.torch_threads:
@@ -377,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
             lengths = tuple(args.lengths if name == "demo" else args.long_lengths)
             if not 0 < lengths[0] < lengths[1]:
                 raise SystemExit(f"{name}: run lengths must satisfy 0 < short < long, got {lengths}")
-            summary.append(bench_shape(SHAPES[name], args.rounds, lengths, args.checkpoint == "config", Path(tmp)))
+            sides = ("aspo", "trl") + (("aspo-default-kv",) if args.default_kv_cache else ())
+            summary.append(bench_shape(SHAPES[name], args.rounds, lengths, args.checkpoint == "config", sides,
+                                       Path(tmp)))
     print_table(summary)
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2))
