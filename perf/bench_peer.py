@@ -110,8 +110,16 @@ def merged_config(config: str) -> dict[str, Any]:
     from aspo_lit.cli import expand_base_configs
 
     words = expand_base_configs(["--config", str(REPO / config)])
-    files = [words[i + 1] for i in range(0, len(words), 2)]
-    merged = OmegaConf.merge(*[OmegaConf.load(f) for f in files])
+    files = [OmegaConf.load(words[i + 1]) for i in range(0, len(words), 2)]
+    merged = OmegaConf.merge(*files)
+    # a file that names another data class_path starts its init_args afresh (as jsonargparse does)
+    data_class, init_args = None, OmegaConf.create({})
+    for f in files:
+        data = f.get("data") or {}
+        if "class_path" in data and data["class_path"] != data_class:
+            data_class, init_args = data["class_path"], OmegaConf.create({})
+        init_args = OmegaConf.merge(init_args, data.get("init_args") or {})
+    merged.data.init_args = init_args
     return OmegaConf.to_container(merged, resolve=True)
 
 
