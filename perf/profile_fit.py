@@ -2,16 +2,18 @@
 
     pip install py-spy                      # or the `perf` extra
     python perf/profile_fit.py --config conf/tiny/grpo.yaml [--batches 10] [--rate 100]
-        [--out profile.json] [-- <more fit arguments>]
+        [--torch-threads N] [--keep-raw F | --from-raw F] [--out profile.json] [-- <fit arguments>]
 
 Runs ``python -m aspo_lit fit`` under ``py-spy record --idle`` (idle samples included, so waiting
 for the reward's worker processes or a file write counts as wall time), keeps the main thread's
 samples, and gives each sample inside Lightning's fit loop to a stage: validation or checkpoint
 when any frame is theirs, else the stage of the innermost frame that names one (a forward inside
 the old-log-prob pass is "old log-probs"). Samples outside the loop (imports, model loading, the
-figures of ``on_fit_end``) are reported apart. Prints seconds per rollout batch for each stage next to the ``timing/*`` columns of
-the run's ``metrics.csv`` (means over the batches after the first), so the two can be checked
-against each other.
+figures of ``on_fit_end``) are reported apart. Prints each stage's share of the loop (and its
+sampled seconds, which drift from wall seconds on a loaded machine) next to the ``timing/*``
+columns of the run's ``metrics.csv`` (means over the batches after the first). Options:
+``--torch-threads N`` (``OMP_NUM_THREADS`` of the run), ``--keep-raw FILE`` (py-spy's stacks),
+``--from-raw FILE`` (analyse kept stacks instead of running).
 """
 
 from __future__ import annotations
