@@ -315,6 +315,33 @@ def test_hf_engine_restores_training_mode(tiny_model_dir):
         engine.update_weights(other.named_parameters())
 
 
+def test_hf_growing_kv_cache_samples_the_same_bits(tiny_model_dir, monkeypatch):
+    """The engine's in-place KV cache (rollout/kv_cache.py), moved into its buffer early here (at 8
+    positions, not 128), grows while sampling and gives the tokens and log-probs of transformers'
+    default cache, bit for bit."""
+    from aspo_lit.rollout import kv_cache
+
+    policy, tok = _load(tiny_model_dir)
+    engine = HFEngine(max_batch_size=16)
+    engine.attach(policy, tok, str(tiny_model_dir))
+    ids = [tok(p)["input_ids"] for p in ("2+2=", "7-3=", "the dog")]  # short: the buffer doubles 3 times
+    sampling = SamplingConfig(temperature=1.0, max_tokens=40, seed=3, logprobs=True)
+    caches = []
+    real = kv_cache.growing_kv_cache
+    monkeypatch.setattr(kv_cache, "growing_kv_cache",
+                        lambda model, limit: caches.append(real(model, limit, start=8)) or caches[-1])
+    growing = engine.generate(ids, n=4, sampling=sampling)
+    layers = caches[0].layers
+    assert len(caches) == 1 and all(isinstance(layer, kv_cache.GrowingLayer) for layer in layers)
+    assert max(len(c.token_ids) for g in growing for c in g) == 40
+    prompt_len = max(map(len, ids))
+    assert layers[0]._key_buffer.shape[-2] == prompt_len + 40 > 2 * prompt_len  # it grew, up to its limit
+    monkeypatch.setattr(kv_cache, "growing_kv_cache", lambda model, limit: None)  # generate's own cache
+    default = engine.generate(ids, n=4, sampling=sampling)
+    assert [(c.token_ids, c.logprobs) for g in growing for c in g] == \
+        [(c.token_ids, c.logprobs) for g in default for c in g]
+
+
 def test_build_engine(monkeypatch):
     monkeypatch.delenv("ASPO_LIT_ENGINE", raising=False)
     e = HFEngine()

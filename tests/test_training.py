@@ -70,6 +70,25 @@ def test_same_seed_same_metrics(testbed, tmp_path):
     assert deterministic_part(read_metrics(tmp_path / "c")) != first
 
 
+def test_exact_speedups_keep_the_metrics(testbed, tmp_path, monkeypatch):
+    """The speed-ups that claim exactness give today's metrics bit for bit: here the rollout
+    engine's in-place KV cache (aspo_lit/rollout/kv_cache.py; in its buffer from the prompt on,
+    where the demo's short answers would stay below its 128-position start) against
+    transformers' own cache."""
+    from aspo_lit.rollout import kv_cache
+
+    calls = []
+    real = kv_cache.growing_kv_cache
+    monkeypatch.setattr(kv_cache, "growing_kv_cache",
+                        lambda model, limit: calls.append(1) or real(model, limit, start=16))
+    assert main(fit_args(testbed, tmp_path, "fast", 4)) == 0
+    assert calls, "the engine did not use the in-place KV cache"
+    monkeypatch.setattr(kv_cache, "growing_kv_cache", lambda *a: None)
+    assert main(fit_args(testbed, tmp_path, "plain", 4)) == 0
+    fast, plain = (deterministic_part(read_metrics(tmp_path / n)) for n in ("fast", "plain"))
+    assert len(fast) == 2 and fast == plain
+
+
 def _launch(args: list[str], cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, "-m", "aspo_lit", *args], cwd=cwd, env=env,

@@ -9,7 +9,9 @@ when ``attach`` gets no module and loads ``model_path``) it keeps its own copy a
 Sampling is plain ancestral sampling: the model's own ``generation_config`` (top_k, repetition
 penalty, min_p, ...) is ignored; only ``SamplingConfig``'s temperature / top_p apply, as in the
 vLLM engine. Rows are left-padded (position ids follow the attention mask, so a padded row sees
-the same positions as an unpadded one). See ``base`` for the ``Completion`` semantics.
+the same positions as an unpadded one). The KV cache is ``kv_cache.growing_kv_cache``: written in
+place rather than re-concatenated at every step, with the same samples bit for bit. See ``base``
+for the ``Completion`` semantics.
 """
 
 from __future__ import annotations
@@ -279,6 +281,8 @@ class HFEngine(RolloutEngine):
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
         from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
+        from .kv_cache import growing_kv_cache
+
         B = len(rows)
         P = max(len(r) for r in rows)
         input_ids = torch.full((B, P), self.pad_token_id, dtype=torch.long)
@@ -314,6 +318,7 @@ class HFEngine(RolloutEngine):
             result = model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
+                past_key_values=growing_kv_cache(model, P + int(sampling.max_tokens)),
                 generation_config=self._generation_config(sampling),
                 logits_processor=LogitsProcessorList(processors),
                 stopping_criteria=StoppingCriteriaList([stopper]) if stopper is not None else None,
