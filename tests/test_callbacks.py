@@ -25,6 +25,8 @@ from aspo_lit.callbacks import (
 from aspo_lit.__main__ import main as aspo_lit_main
 from aspo_lit.figures import plot_figure2, read_metrics
 from aspo_lit.callbacks.token_weights import Reservoir
+from aspo_lit.stats import Stat
+from aspo_lit.step import StepOutput
 
 FIXTURE = Path(__file__).parent / "fixtures" / "metrics_fixture.csv"
 
@@ -65,47 +67,64 @@ ROW_ENTROPY = [1.0, 2.0, 3.0, 0.5]
 TOKEN_ENTROPY = (5 * 1.0 + 3 * 2.0 + 2 * 3.0 + 4 * 0.5) / 14  # token-weighted, not 1.625
 
 
+def stats(pos_tokens=7.0, neg_tokens=7.0, groups=2.0, **over):
+    """A step's statistics, each with the weight and reduction the module declares for it."""
+    tokens = pos_tokens + neg_tokens
+    out = {
+        "clip/pos_high": Stat.mean(0.25, pos_tokens), "clip/neg_low": Stat.mean(0.5, neg_tokens),
+        "clip/pos_dual": Stat.mean(0.0, pos_tokens), "clip/neg_dual": Stat.mean(0.125, neg_tokens),
+        "ratio/pos_mean": Stat.mean(1.1, pos_tokens), "ratio/neg_mean": Stat.mean(0.9, neg_tokens),
+        "train/pg_loss": Stat.mean(0.1), "train/kl": Stat.mean(0.01, tokens), "train/grad_norm": Stat.mean(2.0),
+        "train/skipped_steps": Stat.max(0.0), "train/updates_per_rollout": Stat.max(4.0),
+        "batch/solve_all": Stat.mean(0.25, groups), "batch/solve_none": Stat.mean(0.5, groups),
+        "batch/filtered_groups": Stat.sum(1.0),
+        "timing/rollout_s": Stat.max(1.5), "timing/old_logprob_s": Stat.max(0.2), "timing/update_s": Stat.max(0.5),
+        "timing/weight_sync_s": Stat.max(0.0),
+    }
+    out.update(over)
+    return dict(sorted(out.items()))
+
+
 def make_diagnostics(lengths=LENGTHS, row_entropy=ROW_ENTROPY, rewards=(1.0, 0.0, 1.0, 0.0),
-                     texts=(LOOP, UNIQUE, ONE_REPEAT, SHORT), entropy_scale=1.0, **over):
+                     texts=(LOOP, UNIQUE, ONE_REPEAT, SHORT), entropy_scale=1.0, **over) -> StepOutput:
+    """A synthetic `StepOutput`: A = ±1 by reward, r = e^{±0.1} on the response tokens."""
     n, t = len(lengths), max(lengths)
     mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).float()
     rewards = torch.tensor(rewards, dtype=torch.float32)
     advantages = torch.where(rewards > 0, 1.0, -1.0)
-    old = torch.full((n, t), math.log(0.5))
-    lp = old + 0.1 * advantages[:, None]
-    d = {
-        "entropy": entropy_scale * torch.tensor(row_entropy)[:, None].expand(n, t) * mask,
-        "old_logprobs": old, "logprobs": lp, "token_weight": (lp - old).exp() * mask,
-        "response_mask": mask, "advantages": advantages, "rewards": rewards,
-        "response_lengths": torch.tensor(lengths), "truncated": torch.tensor([False] * (n - 1) + [True]),
-        "texts": list(texts),
-        "loss_stats": {"pg_loss": 0.1, "clip/pos_high": 0.25, "clip/neg_low": 0.5, "clip/pos_dual": 0.0,
-                       "clip/neg_dual": 0.125, "ratio/pos_mean": 1.1, "ratio/neg_mean": 0.9,
-                       "count/pos_tokens": 7.0, "count/neg_tokens": 7.0},
-        "kl": 0.01, "grad_norm": 2.0, "skipped_steps": 0,
-        "batch_stats": {"batch/solve_all": 0.25, "batch/solve_none": 0.5, "batch/filtered_groups": 1.0},
-        "timings": {"timing/rollout_s": 1.5, "timing/old_logprob_s": 0.2, "timing/update_s": 0.5,
-                    "timing/weight_sync_s": 0.0},
-        "num_tokens": int(mask.sum()),
-    }
-    d.update(over)
-    return d
+    old = torch.full((n, t), math.log(0.5)) * mask
+    lp = old + 0.1 * advantages[:, None] * mask
+    entropy = entropy_scale * torch.tensor(row_entropy)[:, None].expand(n, t) * mask
+    fields = dict(
+        response_mask=mask, old_logprobs=old, entropy=entropy, logprobs=lp, ratio=(lp - old).exp(),
+        updated_entropy=entropy * 0.9, token_weight=(lp - old).exp() * mask, advantages=advantages,
+        rewards=rewards, response_lengths=torch.tensor(lengths),
+        truncated=torch.tensor([False] * (n - 1) + [True]), texts=list(texts),
+        stats=stats(pos_tokens=float(mask[rewards > 0].sum()), neg_tokens=float(mask[rewards <= 0].sum())),
+    )
+    fields.update(over)
+    return StepOutput(**fields)
 
 
-def rank_diagnostics(rank: int):
-    """Two ranks with different token and response counts (for the 2-process test)."""
+def rank_diagnostics(rank: int) -> StepOutput:
+    """Two ranks with different token and response counts (for the 2-process test). Every
+    statistic's weight is this rank's own count, including a user loss's ``train/position_mean``,
+    whose name holds "pos" and which is a mean over all response tokens, not the A > 0 ones."""
     if rank == 0:
-        return make_diagnostics(lengths=[1], row_entropy=[1.0], rewards=(1.0,), texts=(LOOP,),
-                                loss_stats={"pg_loss": 0.2, "clip/pos_high": 1.0, "count/pos_tokens": 1.0,
-                                            "count/neg_tokens": 0.0},
-                                kl=0.0, grad_norm=2.0, timings={"timing/rollout_s": 1.0}, num_tokens=1,
-                                batch_stats={"batch/solve_all": 0.0, "batch/filtered_groups": 1.0})
+        return make_diagnostics(lengths=[1], row_entropy=[1.0], rewards=(1.0,), texts=(LOOP,), stats=stats(
+            pos_tokens=1.0, neg_tokens=0.0, groups=1.0, **{
+                "clip/pos_high": Stat.mean(1.0, 1.0), "train/pg_loss": Stat.mean(0.2),
+                "train/kl": Stat.mean(0.0, 1.0), "train/grad_norm": Stat.mean(2.0),
+                "timing/rollout_s": Stat.max(1.0), "batch/solve_all": Stat.mean(0.0, 1.0),
+                "batch/filtered_groups": Stat.sum(1.0), "train/position_mean": Stat.mean(0.0, 1.0)}))
     return make_diagnostics(lengths=[3, 3, 3], row_entropy=[3.0, 3.0, 3.0], rewards=(0.0, 0.0, 0.0),
-                            texts=(UNIQUE, SHORT, NEAR),
-                            loss_stats={"pg_loss": 0.4, "clip/pos_high": 0.0, "count/pos_tokens": 9.0,
-                                        "count/neg_tokens": 9.0},
-                            kl=1.0, grad_norm=5.0, timings={"timing/rollout_s": 4.0}, num_tokens=9,
-                            batch_stats={"batch/solve_all": 1.0, "batch/filtered_groups": 2.0})
+                            texts=(UNIQUE, SHORT, NEAR), stats=stats(
+                                pos_tokens=0.0, neg_tokens=9.0, groups=1.0, **{
+                                    "clip/pos_high": Stat.mean(0.0, 9.0), "train/pg_loss": Stat.mean(0.4),
+                                    "train/kl": Stat.mean(1.0, 9.0), "train/grad_norm": Stat.mean(5.0),
+                                    "timing/rollout_s": Stat.max(4.0), "batch/solve_all": Stat.mean(1.0, 1.0),
+                                    "batch/filtered_groups": Stat.sum(2.0),
+                                    "train/position_mean": Stat.mean(1.0, 9.0)}))
 
 
 class DummyModule(LightningModule):
@@ -193,7 +212,8 @@ def test_training_stats_values(tmp_path):
         "train/reward_std": 0.5, "batch/solve_all": 0.25, "batch/solve_none": 0.5,
         "batch/filtered_groups": 1.0, "response/length_mean": 3.5, "response/length_max": 5.0,
         "response/clip_ratio": 0.25, "timing/rollout_s": 1.5, "timing/old_logprob_s": 0.2,
-        "timing/update_s": 0.5, "timing/weight_sync_s": 0.0,
+        "timing/update_s": 0.5, "timing/weight_sync_s": 0.0, "train/updates_per_rollout": 4.0,
+        "ratio/off_policy_share": 1.0,   # r = e^{±0.1} on every response token
     }
     for key, value in expected.items():
         assert logged[key] == pytest.approx(value, rel=1e-6), key
@@ -325,11 +345,14 @@ def test_reductions_across_two_ranks_are_weighted(tmp_path):
         "train/entropy": (1 * 1.0 + 9 * 3.0) / 10,               # mean of rank means: 2.0
         "clip/pos_high": (1 * 1.0 + 9 * 0.0) / 10,               # 0.5
         "train/kl": (1 * 0.0 + 9 * 1.0) / 10,                     # 0.5
+        "train/position_mean": (1 * 0.0 + 9 * 1.0) / 10,          # 0.5; by A > 0 tokens: 0.0
         "train/reward_mean": 1 / 4,                              # 0.5
         "train/repetition_rate": 1 / 4,                          # 0.5
         "response/length_mean": (1 + 9) / 4,
-        "response/length_max": 3.0, "train/grad_norm": 5.0, "timing/rollout_s": 4.0,
+        "response/length_max": 3.0, "timing/rollout_s": 4.0,
+        "train/grad_norm": 3.5,                                  # declared a mean (equal on every rank in a fit)
         "train/pg_loss": 0.3, "batch/solve_all": 0.5, "batch/filtered_groups": 3.0,
+        "ratio/off_policy_share": 1.0,
     }
     for key, value in expected.items():
         assert logged[key] == pytest.approx(value, rel=1e-6), key
