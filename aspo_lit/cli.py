@@ -219,7 +219,8 @@ class ASPOCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         check_config(cfg)
-        warning = on_policy_warning(cfg) if self.subcommand == "fit" else None
+        training = self.subcommand in ("fit", None)  # None: run=False, classes built to train
+        warning = on_policy_warning(cfg) if training else None
         if warning:
             rank_zero_warn(warning)
         trainer = cfg.get("trainer")
@@ -233,6 +234,6 @@ class ASPOCLI(LightningCLI):
             super().instantiate_classes()
         except ValueError as err:  # our classes' own checks name the key
             raise ConfigError(str(err)) from err
-        missing = missing_callbacks(self.trainer.callbacks) if self.subcommand == "fit" else []
+        missing = missing_callbacks(self.trainer.callbacks) if self.subcommand in ("fit", None) else []
         if missing:
             rank_zero_warn(missing_callbacks_warning(missing))
