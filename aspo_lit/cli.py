@@ -112,7 +112,7 @@ def missing_callbacks_warning(missing: list[str]) -> str:
     lines = "\n".join(f"  - {what}" for what in missing)
     return ("aspo-lit: this run's trainer.callbacks lack\n" + lines + "\n"
             "A `trainer: callbacks:` list in a later --config replaces the earlier list. To add a callback to a "
-            "shipped config, append it: `trainer: callbacks+: [- mypkg.MyDiagnostic]` (README, \"Extending\").")
+            "shipped config, append it: `trainer: {callbacks+: [mypkg.MyDiagnostic]}` (README, \"Extending it\").")
 
 
 def on_policy_warning(cfg: Any) -> str | None:

@@ -3,7 +3,7 @@
 A diagnostic is a Lightning callback that reads the `~aspo_lit.step.StepOutput`
 ``ASPOModule.training_step`` returns (``docs/design.md`` "Step diagnostics") and turns it into
 scalars. Subclass :class:`Diagnostic`, implement :meth:`Diagnostic.compute`, and append the class
-to the run's callbacks (``trainer: callbacks+: [- mypkg.MyDiagnostic]`` in an extra ``--config``)::
+to the run's callbacks (``trainer: {callbacks+: [mypkg.MyDiagnostic]}`` in an extra ``--config``)::
 
     class BoxedAnswerRate(Diagnostic):
         def compute(self, trainer, pl_module, step):
