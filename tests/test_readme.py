@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,8 @@ def test_readme_diagnostic_appended_keeps_every_shipped_metric(tmp_path, monkeyp
 
     words = command.split()
     assert words[:4] == ["python", "-m", "aspo_lit", "fit"]
-    with pytest.warns() as caught:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         code = main(words[3:] + SMALL + [f"--model.model_name_or_path={build_testbed()}",
                                          f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"])
     assert code == 0
