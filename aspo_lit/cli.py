@@ -1,9 +1,19 @@
 """ASPOCLI: LightningCLI with omegaconf interpolation, composable configs and early config checks.
 
-Several `--config` files compose left to right (lists such as `trainer.callbacks` are replaced,
-not merged):
+Several `--config` files compose left to right:
 
     python -m aspo_lit fit --config conf/aspo.yaml --config conf/ablations/cispo.yaml
+
+A list such as `trainer.callbacks` is replaced by a later file's list; `callbacks+:` appends to it
+instead (jsonargparse's append), which is how a callback is added to a shipped config:
+
+    trainer:
+      callbacks+:
+        - mypkg.MyDiagnostic
+
+A fit whose callbacks lack the checkpoint, the interrupt handler or `TrainingStats` gets a loud
+warning naming them (`missing_callbacks`); so does a config whose every update is on-policy
+(`on_policy_warning`).
 
 A config may name its base with a top-level `config: base.yaml` key (a path relative to the
 file, or a list of them). `expand_base_configs` turns it into explicit composition before
@@ -24,9 +34,13 @@ import warnings
 import yaml
 
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_warn
 
+from aspo_lit.callbacks import GracefulInterrupt, TrainingStats
 from aspo_lit.module import ASPOModule
+from aspo_lit.step import updates_per_rollout
 from data_modules.math import MathRLDataModule
 
 
@@ -77,6 +91,44 @@ def check_config(cfg: Any) -> None:
                 f"cannot take AdamW steps of model.lr={lr}: most updates round away. Keep fp32 master weights "
                 "(trainer.precision: 32-true, model.torch_dtype: float32) and compute in bf16 with "
                 "trainer.strategy: aspo_lit.strategy.FSDP2Strategy (param_dtype: bfloat16)")
+
+
+ESSENTIAL_CALLBACKS = (
+    ("a checkpoint that keeps last.ckpt (aspo_lit.callbacks.RunCheckpoint with save_last: true): "
+     "no resume with --ckpt_path last", lambda cb: isinstance(cb, ModelCheckpoint) and bool(cb.save_last)),
+    ("aspo_lit.callbacks.GracefulInterrupt: Ctrl-C/SIGTERM lose the steps since the last checkpoint",
+     lambda cb: isinstance(cb, GracefulInterrupt)),
+    ("aspo_lit.callbacks.TrainingStats: no train/pg_loss, train/kl, train/grad_norm, clip/*, ratio/*, "
+     "rewards or timings", lambda cb: isinstance(cb, TrainingStats)),
+)
+
+
+def missing_callbacks(callbacks: list[Callback]) -> list[str]:
+    """What a fit loses for each essential callback that ``callbacks`` lacks."""
+    return [what for what, present in ESSENTIAL_CALLBACKS if not any(present(cb) for cb in callbacks)]
+
+
+def missing_callbacks_warning(missing: list[str]) -> str:
+    lines = "\n".join(f"  - {what}" for what in missing)
+    return ("aspo-lit: this run's trainer.callbacks lack\n" + lines + "\n"
+            "A `trainer: callbacks:` list in a later --config replaces the earlier list. To add a callback to a "
+            "shipped config, append it: `trainer: {callbacks+: [mypkg.MyDiagnostic]}` (README, \"Extending it\").")
+
+
+def on_policy_warning(cfg: Any) -> str | None:
+    """The warning for a config whose every update is on-policy (one optimizer step per rollout
+    batch: r ≡ 1, so ASPO, GRPO and GRPO without IS make the same update), else None."""
+    model, data = cfg.get("model", {}), cfg.get("data", {})
+    data_args = data.get("init_args", data) if hasattr(data, "get") else {}
+    batch, mini, epochs = data_args.get("batch_size"), model.get("mini_batch_size"), model.get("ppo_epochs") or 1
+    if not (batch and mini) or updates_per_rollout(batch, mini, epochs) != 1:
+        return None
+    return (f"aspo-lit: every update is on-policy: data.batch_size={batch} prompts in one mini-batch "
+            f"(model.mini_batch_size={mini}) and model.ppo_epochs={epochs} give one optimizer step per rollout "
+            "batch, so the importance ratio r = π/π_old is 1 on every token and ASPO, GRPO and GRPO without IS "
+            "make the same update (the paper's runs take 4 steps per batch: 64 / 16). Lower model.mini_batch_size "
+            "or raise model.ppo_epochs for the ratio to act; train/updates_per_rollout and "
+            "ratio/off_policy_share show it in the logs.")
 
 
 def _bases(path: Path) -> list[Path]:
@@ -167,6 +219,10 @@ class ASPOCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         check_config(cfg)
+        training = self.subcommand in ("fit", None)  # None: run=False, classes built to train
+        warning = on_policy_warning(cfg) if training else None
+        if warning:
+            rank_zero_warn(warning)
         trainer = cfg.get("trainer")
         if trainer is not None and trainer.get("enable_progress_bar") is False and trainer.get("callbacks"):
             # `--trainer.enable_progress_bar=false` wins over a progress bar named in the config
@@ -178,3 +234,6 @@ class ASPOCLI(LightningCLI):
             super().instantiate_classes()
         except ValueError as err:  # our classes' own checks name the key
             raise ConfigError(str(err)) from err
+        missing = missing_callbacks(self.trainer.callbacks) if self.subcommand in ("fit", None) else []
+        if missing:
+            rank_zero_warn(missing_callbacks_warning(missing))

@@ -6,11 +6,16 @@ response's advantage broadcast to its tokens, ``mask`` the response-token mask.
 
 Every loss is a :class:`PolicyLoss` subclass registered under a name. A subclass implements only
 ``token_loss`` -- the per-token loss ``ℓ_t`` (the negated per-token objective) plus per-token clip
-flags; the base class validates the input, broadcasts advantages, applies the entropy-dependent ε
-option, aggregates with ``loss_agg`` and reduces the stats.
+flags and any statistics of its own; the base class validates the input, broadcasts advantages,
+applies the entropy-dependent ε option, aggregates with ``loss_agg`` and reduces the statistics to
+:class:`~aspo_lit.stats.Stat` values, each carrying its weight and reduction.
 
     loss_fn = get_policy_loss("aspo", eps_low=0.2, eps_high=0.2, dual_clip=3.0)
     loss, stats = loss_fn(logprobs, old_logprobs, advantages, mask)
+
+A loss is named by its registered name, by an entry point of the ``aspo_lit.losses`` group (an
+installed package's ``[project.entry-points."aspo_lit.losses"]``), or by its import path
+(``mypkg.losses:MyLoss``); :func:`get_policy_loss` resolves the three.
 
 Gradient view (Prop. 4.1): every loss here has ``∂ℓ_t/∂lp_t = -w_t·A_t`` for a detached token
 weight ``w_t``; :func:`effective_token_weight` recovers ``w`` by autograd.
@@ -18,21 +23,28 @@ weight ``w_t``; :func:`effective_token_weight` recovers ``w`` by autograd.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
+from importlib.metadata import entry_points
 from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
 
+from aspo_lit.stats import Stat
+
 __all__ = [
     "LOSS_AGG_MODES",
     "KL_KINDS",
+    "CLIP_SIGNS",
     "STAT_KEYS",
+    "ENTRY_POINT_GROUP",
     "POLICY_LOSSES",
     "PolicyLoss",
     "register_policy_loss",
     "get_policy_loss",
+    "resolve_policy_loss",
     "agg_normalizer",
     "aggregate",
     "kl_penalty",
@@ -48,9 +60,11 @@ __all__ = [
 
 LOSS_AGG_MODES = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
-CLIP_KEYS = ("clip/pos_high", "clip/neg_low", "clip/pos_dual", "clip/neg_dual")
-STAT_KEYS = ("pg_loss", *CLIP_KEYS, "ratio/pos_mean", "ratio/neg_mean",
-             "count/pos_tokens", "count/neg_tokens")
+# The clip flags and the advantage sign whose response tokens each is a share of (Prop. 4.1).
+CLIP_SIGNS = {"clip/pos_high": "positive", "clip/neg_low": "negative",
+              "clip/pos_dual": "positive", "clip/neg_dual": "negative"}
+STAT_KEYS = (*CLIP_SIGNS, "ratio/pos_mean", "ratio/neg_mean")
+ENTRY_POINT_GROUP = "aspo_lit.losses"
 
 POLICY_LOSSES: dict[str, type["PolicyLoss"]] = {}
 
@@ -277,13 +291,22 @@ class PolicyLoss:
     # -- what a subclass implements ------------------------------------------------------------
 
     def token_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                   eps_low: Tensor, eps_high: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """Per-token loss ``[B, T]`` (fp32) and per-token bool flags keyed by :data:`CLIP_KEYS`.
+                   eps_low: Tensor, eps_high: Tensor) -> tuple[Tensor, dict[str, Tensor | Stat]]:
+        """Per-token loss ``[B, T]`` (fp32) and the token statistics, by name.
 
         Tensors are ``[B, T]`` fp32 (``mask`` bool; ``eps_low``/``eps_high`` broadcastable to
-        ``[B, T]``); ``old_logprobs`` and ``advantages`` are detached. Flags may be omitted
-        (they reduce to 0) and need not be restricted to the sign or the mask: the base class
-        does that.
+        ``[B, T]``); ``old_logprobs`` and ``advantages`` are detached. The statistics:
+
+        * a clip flag of :data:`CLIP_SIGNS` (bool ``[B, T]``): reduced to its share of the response
+          tokens of its advantage sign. Flags may be omitted (they reduce to 0) and need not be
+          restricted to the sign or the mask: the base class does that;
+        * any other name with a ``[B, T]`` tensor: its mean over the response tokens (weight: their
+          count), e.g. ``{"my_flag": flags}`` logs the share of response tokens flagged;
+        * any name with a :class:`~aspo_lit.stats.Stat`: kept as it is -- the loss declares its
+          own weight and reduction.
+
+        A loss must return the same names for every input. A name without ``/`` is logged under
+        ``train/``.
         """
         raise NotImplementedError
 
@@ -299,10 +322,17 @@ class PolicyLoss:
         """
         logprobs, old_logprobs, advantages, mask = self.prepare_inputs(logprobs, old_logprobs, advantages, mask)
         eps_low, eps_high = self.token_eps(mask, entropy)
-        per_token, token_flags = self.token_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+        per_token, token_stats = self.token_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
         loss = aggregate(per_token, mask, self.loss_agg, normalizer, self.norm_length)
-        stats = self.reduce_stats(loss, logprobs, old_logprobs, advantages, mask, token_flags)
+        stats = self.reduce_stats(logprobs, old_logprobs, advantages, mask, token_stats)
         return loss, stats
+
+    def stat_reductions(self) -> dict[str, str]:
+        """``{name: reduction}`` of the statistics this loss returns, from one call on a one-token
+        batch (every call returns the same names): what a training step declares up front."""
+        one = torch.zeros(1, 1)
+        _, stats = self(one, one, torch.ones(1), torch.ones(1, 1, dtype=torch.bool), entropy=one)
+        return {name: stat.reduce for name, stat in stats.items()}
 
     def prepare_inputs(self, logprobs, old_logprobs, advantages, mask) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Validate, upcast to fp32, detach everything but ``logprobs``, broadcast advantages."""
@@ -340,30 +370,33 @@ class PolicyLoss:
         """``log r = lp - old``, clamped (authors' code) so that ``exp`` can never overflow."""
         return torch.clamp(logprobs - old_logprobs, -self.clamp_log_ratio, self.clamp_log_ratio)
 
+    def ratio(self, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+        """The importance ratio ``[B, T]`` this loss weighs and clips tokens by, detached and clamped
+        as the loss clamps it: ``exp(log_ratio)`` (GSPO: its sequence ratio, per token)."""
+        return self.log_ratio(logprobs.detach().float(), old_logprobs.detach().float()).exp()
+
     @torch.no_grad()
-    def reduce_stats(self, loss, logprobs, old_logprobs, advantages, mask, token_flags) -> dict[str, Tensor]:
-        """Clip fractions and ratio means over the response tokens of the named sign (0 if none)."""
-        ratio = self.log_ratio(logprobs, old_logprobs).exp()
-        is_positive = mask & (advantages > 0)
-        is_negative = mask & (advantages < 0)
-        num_positive = torch.count_nonzero(is_positive).float()
-        num_negative = torch.count_nonzero(is_negative).float()
-
-        def clip_fraction(flags: Tensor, sign: Tensor, count: Tensor) -> Tensor:
-            return torch.count_nonzero(flags & sign).float() / count.clamp_min(1)
-
-        def ratio_mean(sign: Tensor, count: Tensor) -> Tensor:
-            return torch.where(sign, ratio, 0.0).sum() / count.clamp_min(1)
-
-        stats = {"pg_loss": loss.detach().float()}
-        for key in CLIP_KEYS:
-            sign, count = (is_positive, num_positive) if key.startswith("clip/pos") else (is_negative, num_negative)
-            flags = token_flags.get(key)
-            stats[key] = clip_fraction(flags, sign, count) if flags is not None else torch.zeros((), device=loss.device)
-        stats["ratio/pos_mean"] = ratio_mean(is_positive, num_positive)
-        stats["ratio/neg_mean"] = ratio_mean(is_negative, num_negative)
-        stats["count/pos_tokens"] = num_positive
-        stats["count/neg_tokens"] = num_negative
+    def reduce_stats(self, logprobs, old_logprobs, advantages, mask, token_stats) -> dict[str, Stat]:
+        """The token statistics of :meth:`token_loss` as :class:`~aspo_lit.stats.Stat` values: clip
+        shares and ratio means over the response tokens of their sign, the loss's own statistics."""
+        token_stats = dict(token_stats)
+        ratio = self.ratio(logprobs, old_logprobs, mask)
+        tokens_of = {"positive": mask & (advantages > 0), "negative": mask & (advantages < 0)}
+        stats = {}
+        for key, sign in CLIP_SIGNS.items():
+            flags = token_stats.pop(key, None)
+            flags = torch.zeros_like(mask) if flags is None else flags.bool()
+            stats[key] = Stat.mean_over(flags, where=tokens_of[sign])
+        stats["ratio/pos_mean"] = Stat.mean_over(ratio, where=tokens_of["positive"])
+        stats["ratio/neg_mean"] = Stat.mean_over(ratio, where=tokens_of["negative"])
+        for key, value in token_stats.items():
+            if isinstance(value, Stat):
+                stats[key] = value
+            elif isinstance(value, Tensor) and value.shape == mask.shape:
+                stats[key] = Stat.mean_over(value, where=mask)
+            else:
+                raise ValueError(f"{type(self).__name__}.token_loss: statistic {key!r} must be a [B, T] tensor "
+                                 f"{tuple(mask.shape)} or a Stat, got {getattr(value, 'shape', type(value).__name__)}")
         return stats
 
 
@@ -428,11 +461,42 @@ def _valid_hparams(cls: type[PolicyLoss]) -> tuple[list[str], bool]:
     return names, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
+def _as_loss_class(obj, where: str) -> type[PolicyLoss]:
+    """A `PolicyLoss` subclass, or a function registered with :func:`register_policy_loss`."""
+    cls = getattr(obj, "loss_class", obj)
+    if not (inspect.isclass(cls) and issubclass(cls, PolicyLoss)):
+        raise ValueError(f"policy loss {where} is {obj!r}, not a PolicyLoss subclass "
+                         "(or a function decorated with @register_policy_loss)")
+    return cls
+
+
+def resolve_policy_loss(name: str) -> type[PolicyLoss]:
+    """The loss class ``name`` names: a registered name, else an entry point of the
+    :data:`ENTRY_POINT_GROUP` group, else an import path ``package.module:Class`` (or
+    ``package.module.Class``)."""
+    if name in POLICY_LOSSES:
+        return POLICY_LOSSES[name]
+    found = entry_points(group=ENTRY_POINT_GROUP, name=name)
+    if found:
+        return _as_loss_class(next(iter(found)).load(), f"entry point {name!r} ({ENTRY_POINT_GROUP})")
+    module_name, _, attribute = name.partition(":") if ":" in name else name.rpartition(".")
+    if module_name and attribute:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise ValueError(f"policy loss {name!r}: cannot import {module_name!r} ({err})") from err
+        if not hasattr(module, attribute):
+            raise ValueError(f"policy loss {name!r}: module {module_name!r} has no {attribute!r}")
+        return _as_loss_class(getattr(module, attribute), repr(name))
+    installed = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    raise ValueError(f"unknown policy loss {name!r}; valid choices: {', '.join(sorted(POLICY_LOSSES))}"
+                     + (f"; installed entry points: {', '.join(installed)}" if installed else "")
+                     + "; or an import path such as mypkg.losses:MyLoss")
+
+
 def get_policy_loss(name: str, **hparams) -> PolicyLoss:
-    """Build the loss registered as ``name`` with ``hparams`` (see :class:`PolicyLoss`)."""
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; valid choices: {', '.join(sorted(POLICY_LOSSES))}")
-    cls = POLICY_LOSSES[name]
+    """Build the loss ``name`` names (:func:`resolve_policy_loss`) with ``hparams`` (see :class:`PolicyLoss`)."""
+    cls = resolve_policy_loss(name)
     valid, any_name = _valid_hparams(cls)
     unknown = sorted(set(hparams) - set(valid))
     if unknown and not any_name:
@@ -521,10 +585,16 @@ class GSPOLoss(PolicyLoss):
     ``seq-mean-token-mean`` this is exactly GSPO's sequence-level gradient. No dual clip.
     """
 
+    def log_sequence_ratio(self, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+        """``log s_i`` ``[B, 1]``: the mean token log-ratio of each response, clamped, detached."""
+        log_token_ratio = torch.where(mask.bool(), logprobs.detach() - old_logprobs.detach(), 0.0)
+        return masked_row_mean(log_token_ratio, mask.bool()).clamp(-self.clamp_log_ratio, self.clamp_log_ratio)
+
+    def ratio(self, logprobs, old_logprobs, mask):
+        return self.log_sequence_ratio(logprobs.float(), old_logprobs.float(), mask).exp().expand(mask.shape)
+
     def token_loss(self, logprobs, old_logprobs, advantages, mask, eps_low, eps_high):
-        log_token_ratio = torch.where(mask, logprobs - old_logprobs, 0.0)
-        log_seq_ratio = masked_row_mean(log_token_ratio.detach(), mask)
-        log_seq_ratio = log_seq_ratio.clamp(-self.clamp_log_ratio, self.clamp_log_ratio)
+        log_seq_ratio = self.log_sequence_ratio(logprobs, old_logprobs, mask)
         seq_ratio = torch.exp(log_seq_ratio + logprobs - logprobs.detach())
         regions = clip_regions(log_seq_ratio, advantages, eps_low, eps_high)
         surrogate = seq_ratio * advantages

@@ -3,14 +3,16 @@
 One `training_step` consumes one rollout batch (docs/design.md): old and reference log-probs
 without grad, then `ppo_epochs` x mini-batches (`mini_batch_size` prompts over all ranks, as the
 paper's 64/16, taken as consecutive response slices) x token-budget micro-batches with gradient
-accumulation under one global normaliser. The policy loss is any registered `PolicyLoss`
-(docs/design.md "Losses"); the KL term is eq. 1's `-beta * D_KL`.
+accumulation under one global normaliser. The policy loss is any `PolicyLoss` (docs/design.md
+"Losses"); the KL term is eq. 1's `-beta * D_KL`. It returns a `StepOutput` for the callbacks
+(docs/design.md "Step diagnostics").
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +27,8 @@ from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, sha
 from aspo_lit.rollout.batch import RolloutBatch
 from aspo_lit.sampler_mismatch import mismatch_stats, truncated_is_weights
 from aspo_lit.seeding import derived_seed
+from aspo_lit.stats import Stat, StatAccumulator
+from aspo_lit.step import StepOutput
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -63,10 +67,12 @@ class ASPOModule(LightningModule):
     Args:
         model_name_or_path: HF hub id, local folder, or ``"testbed"`` (the CPU testbed model,
             built and cached on first use).
-        loss: a registered loss name (``aspo``, ``grpo``, ``grpo_no_is``, ``grpo_pos_mean``,
-            ``aspo_no_dual_clip``, ``cispo``, ``gspo``) or a `PolicyLoss` instance (``class_path``).
+        loss: a loss name -- registered (``aspo``, ``grpo``, ``grpo_no_is``, ``grpo_pos_mean``,
+            ``aspo_no_dual_clip``, ``cispo``, ``gspo``), an ``aspo_lit.losses`` entry point or an import
+            path (``mypkg.losses:MyLoss``) -- or a `PolicyLoss` instance (``class_path``).
         loss_kwargs: hyper-parameters for a loss given by name (``eps_low``, ``eps_high``,
-            ``dual_clip``, ``loss_agg``, ``eps_high_entropy``, ...).
+            ``dual_clip``, ``loss_agg``, ``eps_high_entropy``, ...). An error with a ``class_path``
+            loss, whose hyper-parameters are its ``init_args``.
         kl_coef: beta of the KL-to-reference term (0 disables it and the reference model).
         kl_kind: ``k1``, ``k2`` or ``k3`` (``low_var_kl``, the paper's).
         lr, betas, weight_decay: AdamW.
@@ -125,7 +131,13 @@ class ASPOModule(LightningModule):
     ) -> None:
         super().__init__()
         _validate_hparams(locals())
+        if not isinstance(loss, str) and loss_kwargs:
+            raise ValueError(
+                f"model.loss_kwargs {dict(loss_kwargs)} would never reach the loss: model.loss is given as a class "
+                f"({type(loss).__name__}, class_path), whose hyper-parameters are model.loss.init_args. Move them "
+                "there and set model.loss_kwargs: null, or name the loss by its name or import path")
         self.loss_fn = get_policy_loss(loss, **(loss_kwargs or {})) if isinstance(loss, str) else loss
+        self.stat_reductions = self._declare_stats()
         # Store the folder "testbed" resolves to, so a checkpoint names the exact weights it started from.
         model_name_or_path = resolve_model_path(model_name_or_path)
         # `seed` (mini-batch shuffles) is kept out of hparams: the logger merges module and
@@ -277,116 +289,135 @@ class ASPOModule(LightningModule):
             local = self.trainer.strategy.reduce(local, reduce_op="sum") / world
         return local
 
-    def training_step(self, batch: RolloutBatch, batch_idx: int) -> dict[str, Any]:
+    def _declare_stats(self) -> dict[str, str]:
+        """``{name: reduction}`` of the statistics the update makes, fixed before any step runs, so
+        that every rank returns the same names (the callbacks reduce them with collectives)."""
+        loss_stats = {_metric_name(name, "train"): reduce for name, reduce in self.loss_fn.stat_reductions().items()}
+        own = {"train/pg_loss": "mean", "train/kl": "mean", "train/grad_norm": "mean"}
+        clash = sorted(set(loss_stats) & {*own, "train/skipped_steps", "train/updates_per_rollout"})
+        if clash:
+            raise ValueError(f"the loss's statistics {clash} clash with the training step's own; rename them")
+        return {**loss_stats, **own}
+
+    def training_step(self, batch: RolloutBatch, batch_idx: int) -> StepOutput:
+        """One rollout batch: the pre-update pass, then ``ppo_epochs`` x mini-batches, one optimizer
+        step each. Returns what the callbacks read (`StepOutput`)."""
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        device = batch.input_ids.device
-        mask = batch.response_mask.float()
-        advantages = batch.advantages.float()
 
         t0 = time.perf_counter()
         old_logprobs, entropy, ref_logprobs = self._pre_update_pass(batch)
         t_old = time.perf_counter() - t0
-        rollout_stats = {}
-        if batch.rollout_logprobs is not None:
-            rollout_stats = mismatch_stats(old_logprobs, batch.rollout_logprobs, mask)
-            if self.hparams.rollout_is_cap is not None:
-                weights = truncated_is_weights(old_logprobs, batch.rollout_logprobs, self.hparams.rollout_is_cap)
-                advantages = advantages[:, None] * weights  # per-token advantage: each token's term x weight
-        elif self.hparams.rollout_is_cap is not None:
-            raise ValueError("model.rollout_is_cap needs the rollout engine's log-probs, but this batch has none")
-
-        last_logprobs = old_logprobs.clone()
-        token_weight = torch.zeros_like(old_logprobs)
-        stat_sums: dict[str, float] = {}
-        stat_weights: dict[str, float] = {}
-        grad_norms, kls, minibatch_losses = [], [], []
-        skipped = 0
+        advantages = self._loss_advantages(batch, old_logprobs)
 
         t0 = time.perf_counter()
+        record = UpdateRecord.before_update(old_logprobs, entropy, self.stat_reductions)
+        minibatches = self._minibatch_plan(batch, batch_idx)
+        for rows in minibatches:
+            self._update_minibatch(optimizer, batch, rows, old_logprobs, entropy, ref_logprobs, advantages, record)
+        scheduler.step()  # once per rollout batch: warm-up is counted in rollout batches
+        t_update = time.perf_counter() - t0
+
+        if self.ref_policy is None:
+            record.stats.add("train/kl", Stat.mean(0.0))  # no reference, no KL term
+        # counts equal on every rank (the finite flag is all-reduced): maxima over ranks
+        counts = {"train/updates_per_rollout": Stat.max(len(minibatches)),
+                  "train/skipped_steps": Stat.max(record.skipped_steps)}
+        timings = {"timing/old_logprob_s": t_old, "timing/update_s": t_update}
+        return self._step_output(batch, old_logprobs, entropy, record, counts, timings)
+
+    def _loss_advantages(self, batch: RolloutBatch, old_logprobs: Tensor) -> Tensor:
+        """The advantages the loss sees: ``[N]``, or ``[N, T]`` with each token's truncated
+        importance weight against the sampler (``rollout_is_cap``)."""
+        advantages = batch.advantages.float()
+        if self.hparams.rollout_is_cap is None:
+            return advantages
+        if batch.rollout_logprobs is None:
+            raise ValueError("model.rollout_is_cap needs the rollout engine's log-probs, but this batch has none")
+        weights = truncated_is_weights(old_logprobs, batch.rollout_logprobs, self.hparams.rollout_is_cap)
+        return advantages[:, None] * weights  # per-token advantage: each token's term x weight
+
+    def _minibatch_plan(self, batch: RolloutBatch, batch_idx: int) -> list[Tensor]:
+        """This rank's rows of every optimizer step of the rollout batch, epoch after epoch."""
         rows_per_step = rows_per_minibatch(self.hparams.mini_batch_size, batch.group_size, self.trainer.world_size)
         generator = None
         if self.hparams.shuffle_mini_batches:
             generator = torch.Generator().manual_seed(derived_seed(self.seed, self.global_step, batch_idx))
-        for _ in range(self.hparams.ppo_epochs):
-            for rows in minibatch_rows(batch.input_ids.shape[0], rows_per_step, generator):
-                rows = rows.to(device)
-                normalizer = self._global_normalizer(mask[rows])
-                minibatch_loss, finite = 0.0, True
-                for micro in self._micro_batches(batch, rows):
-                    logprobs, _ = self._logprobs(self.policy, batch, micro, with_entropy=False)
-                    inputs = [logprobs.detach(), old_logprobs[micro]]
-                    if ref_logprobs is not None:
-                        inputs.append(ref_logprobs[micro])
-                    if not all(bool(torch.isfinite(x).all()) for x in inputs):
-                        # Never raise on one rank: the others would wait in the next collective.
-                        # Run a zero backward (the same collectives as every rank) and skip the step.
-                        finite = False
-                        self.manual_backward(logprobs.nan_to_num(0.0, 0.0, 0.0).sum() * 0.0)
-                        continue
-                    loss, stats, kl = self._micro_batch_loss(logprobs, old_logprobs, ref_logprobs, advantages,
-                                                             mask, entropy, micro, normalizer)
-                    self.manual_backward(loss)
-                    if kl is not None:
-                        kls.append(kl)
-                    minibatch_loss += float(stats["pg_loss"])
-                    finite &= bool(torch.isfinite(loss.detach()))
-                    _accumulate_stats(stats, stat_sums, stat_weights)
-                    last_logprobs[micro] = logprobs.detach()
-                    token_weight[micro] = effective_token_weight(
-                        self.loss_fn, logprobs.detach(), old_logprobs[micro], advantages[micro], mask[micro],
-                        entropy=entropy[micro],
-                    )
-                grad_norm = self._clip_and_step(optimizer, finite)
-                grad_norms.append(grad_norm)
-                skipped += int(not math.isfinite(grad_norm))
-                if math.isfinite(grad_norm):
-                    minibatch_losses.append(minibatch_loss)
-        scheduler.step()  # once per rollout batch: warm-up is counted in rollout batches
-        t_update = time.perf_counter() - t0
+        device = batch.input_ids.device
+        return [rows.to(device) for _ in range(self.hparams.ppo_epochs)
+                for rows in minibatch_rows(batch.input_ids.shape[0], rows_per_step, generator)]
 
-        loss_stats = {k: stat_sums[k] / max(stat_weights[k], 1e-12) for k in stat_sums}
+    def _update_minibatch(self, optimizer, batch: RolloutBatch, rows: Tensor, old_logprobs: Tensor, entropy: Tensor,
+                          ref_logprobs: Tensor | None, advantages: Tensor, record: "UpdateRecord") -> None:
+        """One optimizer step on mini-batch ``rows``: forward/backward of each micro-batch, clip, step."""
+        mask = batch.response_mask.float()
+        normalizer = self._global_normalizer(mask[rows])
+        minibatch_loss, finite = 0.0, True
+        for micro in self._micro_batches(batch, rows):
+            logprobs, updated_entropy = self._logprobs(self.policy, batch, micro, with_entropy=True)
+            inputs = [logprobs.detach(), old_logprobs[micro]] + ([ref_logprobs[micro]] if ref_logprobs is not None else [])
+            if not all(bool(torch.isfinite(x).all()) for x in inputs):
+                # Never raise on one rank: the others would wait in the next collective.
+                # Run a zero backward (the same collectives as every rank) and skip the step.
+                finite = False
+                self.manual_backward(logprobs.nan_to_num(0.0, 0.0, 0.0).sum() * 0.0)
+                continue
+            loss, policy_loss, stats = self._micro_batch_loss(logprobs, old_logprobs, ref_logprobs, advantages,
+                                                              mask, entropy, micro, normalizer)
+            self.manual_backward(loss)
+            minibatch_loss += float(policy_loss)
+            finite &= bool(torch.isfinite(loss.detach()))
+            record.stats.add_all({_metric_name(name, "train"): stat for name, stat in stats.items()})
+            record.at_last_update(micro, logprobs.detach(), updated_entropy,
+                                  self.loss_fn.ratio(logprobs, old_logprobs[micro], mask[micro]),
+                                  effective_token_weight(self.loss_fn, logprobs.detach(), old_logprobs[micro],
+                                                         advantages[micro], mask[micro], entropy=entropy[micro]))
+        grad_norm = self._clip_and_step(optimizer, finite)
+        stepped = math.isfinite(grad_norm)
         # this rank's share of the mini-batch loss (the sum of its micro-batch terms; the mean over
-        # ranks is the mini-batch loss), averaged over the optimizer steps taken
-        loss_stats["pg_loss"] = sum(minibatch_losses) / len(minibatch_losses) if minibatch_losses else float("nan")
-        kl_mean = sum(s for s, _ in kls) / max(sum(n for _, n in kls), 1.0) if kls else 0.0
-        finite_norms = [g for g in grad_norms if math.isfinite(g)]
-        timings = dict(batch.timings, **{"timing/old_logprob_s": t_old, "timing/update_s": t_update})
-        return {
-            "entropy": entropy.detach(),
-            "old_logprobs": old_logprobs.detach(),
-            "logprobs": last_logprobs,
-            "token_weight": token_weight,
-            "response_mask": mask,
-            "advantages": batch.advantages.float(),
-            "rewards": batch.rewards.float(),
-            "response_lengths": batch.response_lengths,
-            "truncated": torch.tensor([r == "length" for r in batch.finish_reasons], dtype=torch.bool),
-            "texts": batch.texts,
-            "loss_stats": loss_stats,
-            "kl": kl_mean,
-            "grad_norm": sum(finite_norms) / len(finite_norms) if finite_norms else float("nan"),
-            "skipped_steps": skipped,
-            "batch_stats": dict(batch.stats),
-            "rollout_stats": rollout_stats,
-            "timings": timings,
-            "num_tokens": int(mask.sum().item()),
-        }
+        # ranks is the mini-batch loss), one piece per optimizer step taken
+        record.stats.add("train/pg_loss", Stat.mean(minibatch_loss, weight=float(stepped)))
+        record.stats.add("train/grad_norm", Stat.mean(grad_norm, weight=float(stepped)))
+        record.skipped_steps += int(not stepped)
+
+    def _step_output(self, batch: RolloutBatch, old_logprobs: Tensor, entropy: Tensor, record: "UpdateRecord",
+                     counts: dict[str, Stat], timings: dict[str, float]) -> StepOutput:
+        mask = batch.response_mask.float()
+        stats = {**record.stats.result(), **counts}
+        stats.update(mismatch_stats(old_logprobs, batch.rollout_logprobs, mask))
+        stats.update({_metric_name(k, "batch"): v if isinstance(v, Stat) else Stat.mean(v) for k, v in batch.stats.items()})
+        stats.update({_metric_name(k, "timing"): Stat.max(v) for k, v in {**batch.timings, **timings}.items()})
+        return StepOutput(
+            response_mask=mask,
+            old_logprobs=old_logprobs.detach(),
+            entropy=entropy.detach(),
+            logprobs=record.logprobs,
+            ratio=record.ratio,
+            updated_entropy=record.entropy,
+            token_weight=record.token_weight,
+            advantages=batch.advantages.float(),
+            rewards=batch.rewards.float(),
+            response_lengths=batch.response_lengths,
+            truncated=torch.tensor([r == "length" for r in batch.finish_reasons], dtype=torch.bool),
+            texts=list(batch.texts),
+            stats=dict(sorted(stats.items())),  # one order on every rank
+        )
 
     def _micro_batch_loss(self, logprobs, old_logprobs, ref_logprobs, advantages, mask, entropy, micro, normalizer):
-        """Policy loss (+ beta * KL) of one micro-batch, normalised by the whole mini-batch's `normalizer`."""
-        loss, stats = self.loss_fn(
+        """Loss of one micro-batch, normalised by the whole mini-batch's `normalizer`: the policy
+        loss + beta * KL, the policy loss alone, and the statistics (the loss's, and ``train/kl``)."""
+        policy_loss, stats = self.loss_fn(
             logprobs, old_logprobs[micro], advantages[micro], mask[micro],
             entropy=entropy[micro], normalizer=normalizer,
         )
-        kl_stat = None
+        loss = policy_loss
         if ref_logprobs is not None:
             kl = kl_penalty(logprobs, ref_logprobs[micro], kind=self.hparams.kl_kind)
             kl_term = aggregate(kl, mask[micro], self.loss_fn.loss_agg, normalizer=normalizer,
                                 norm_length=getattr(self.loss_fn, "norm_length", None))
             loss = loss + self.hparams.kl_coef * kl_term
-            kl_stat = (float((kl.detach() * mask[micro]).sum()), float(mask[micro].sum()))
-        return loss, stats, kl_stat
+            stats = {**stats, "train/kl": Stat.mean_over(kl, where=mask[micro])}
+        return loss, policy_loss.detach(), stats
 
     def _all_ranks_finite(self, finite: bool) -> bool:
         """True only if every rank's loss and grad norm are finite, so all ranks skip a step together."""
@@ -457,18 +488,35 @@ class ASPOModule(LightningModule):
         return out_dir
 
 
-def _accumulate_stats(stats: dict[str, Tensor], sums: dict[str, float], weights: dict[str, float]) -> None:
-    """Token-weighted running means of loss stats over micro-batches (pos_/neg_ stats by their sign's count)."""
-    pos = float(stats.get("count/pos_tokens", 0.0))
-    neg = float(stats.get("count/neg_tokens", 0.0))
-    for key, value in stats.items():
-        if key.startswith("count/"):
-            sums[key] = sums.get(key, 0.0) + float(value)
-            weights[key] = 1.0
-            continue
-        weight = pos if ("pos" in key) else neg if ("neg" in key) else pos + neg
-        sums[key] = sums.get(key, 0.0) + float(value) * weight
-        weights[key] = weights.get(key, 0.0) + weight
+@dataclass
+class UpdateRecord:
+    """What the update leaves: each token's log-prob, ratio, entropy and effective weight at its
+    last update (`StepOutput`), and the pieces of the step's statistics."""
+
+    logprobs: Tensor
+    ratio: Tensor
+    entropy: Tensor
+    token_weight: Tensor
+    stats: StatAccumulator
+    skipped_steps: int = 0
+
+    @classmethod
+    def before_update(cls, old_logprobs: Tensor, entropy: Tensor, stat_reductions: dict[str, str]) -> "UpdateRecord":
+        """A token no update reached (a skipped micro-batch) keeps π_old: ratio 1, weight 0."""
+        return cls(old_logprobs.detach().clone(), torch.ones_like(old_logprobs), entropy.detach().clone(),
+                   torch.zeros_like(old_logprobs), StatAccumulator(stat_reductions))
+
+    def at_last_update(self, rows: Tensor, logprobs: Tensor, entropy: Tensor, ratio: Tensor,
+                       token_weight: Tensor) -> None:
+        self.logprobs[rows] = logprobs
+        self.entropy[rows] = entropy
+        self.ratio[rows] = ratio
+        self.token_weight[rows] = token_weight
+
+
+def _metric_name(key: str, prefix: str) -> str:
+    """The logged name: a key without a ``/`` goes under ``prefix/``."""
+    return key if "/" in key else f"{prefix}/{key}"
 
 
 def _validate_hparams(args: dict[str, Any]) -> None:

@@ -11,20 +11,34 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from aspo_lit.stats import Stat
 
-def mismatch_stats(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
-    """`rollout/logprob_diff_{mean,max}` (|π_sampler − π_old| in log space) and
-    `rollout/is_ratio_{mean,max}` (exp(old − sampler)) over response tokens; this rank's sums too
-    (`rollout/num_tokens`), so ranks can be combined."""
+MISMATCH_KEYS = ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/is_ratio_mean",
+                 "rollout/is_ratio_max")
+
+
+def mismatch_stats(old_logprobs: Tensor, rollout_logprobs: Tensor | None, mask: Tensor) -> dict[str, Stat]:
+    """`rollout/logprob_diff_{mean,max}` (|log π_sampler − log π_old|) and `rollout/is_ratio_{mean,max}`
+    (exp(old − sampler)) over response tokens, as `Stat` values: the means weighed by this rank's
+    response tokens, the maxima as maxima.
+
+    The same four names always, so that every rank reduces the same statistics: a rank with no
+    response tokens, or a batch without the engine's log-probs (``rollout_logprobs=None``), gives
+    empty statistics (weight 0, max −inf), which the reductions leave out.
+    """
     m = mask.bool()
-    n = int(m.sum())
-    if n == 0:
-        return {}
-    diff = (old_logprobs.float() - rollout_logprobs.float())[m]
+    if rollout_logprobs is None:
+        m = torch.zeros_like(m)
+        rollout_logprobs = old_logprobs
+    diff = torch.where(m, old_logprobs.float() - rollout_logprobs.float(), 0.0)
     ratio = diff.clamp(max=80.0).exp()
-    return {"rollout/logprob_diff_mean": float(diff.abs().mean()), "rollout/logprob_diff_max": float(diff.abs().max()),
-            "rollout/is_ratio_mean": float(ratio.mean()), "rollout/is_ratio_max": float(ratio.max()),
-            "rollout/num_tokens": float(n)}
+    nothing = torch.tensor(float("-inf"), device=diff.device)
+    return {
+        "rollout/logprob_diff_mean": Stat.mean_over(diff.abs(), where=m),
+        "rollout/logprob_diff_max": Stat.max(torch.where(m, diff.abs(), nothing).max() if m.numel() else nothing),
+        "rollout/is_ratio_mean": Stat.mean_over(ratio, where=m),
+        "rollout/is_ratio_max": Stat.max(torch.where(m, ratio, nothing).max() if m.numel() else nothing),
+    }
 
 
 def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:

@@ -21,6 +21,7 @@ from aspo_lit.prompts import encode_prompt
 from aspo_lit.rewards.math import RewardFn
 from aspo_lit.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_engine, pack_rollouts
 from aspo_lit.seeding import derived_seed
+from aspo_lit.stats import Stat
 from data_modules.fields import math_row
 from data_modules.mixture import Source, load_mixture, mixture_stats
 from data_modules.sources import BadRowError, PromptBatches, normalize_golds
@@ -270,11 +271,12 @@ class MathRLDataModule(LightningDataModule):
         reward_s = time.perf_counter() - start
         advantages, all_equal = group_advantages(rewards, hp.group_size, norm=hp.adv_norm)
         solved = rewards.view(-1, hp.group_size).max(1).values > 0
-        stats = {
-            "batch/solve_all": float((all_equal & solved).float().mean()),
-            "batch/solve_none": float((all_equal & ~solved).float().mean()),
-            "batch/filtered_groups": 0.0,
-            "batch/filter_remainder_count": 0.0,
+        groups = len(records)
+        stats = {  # shares of this rank's groups (weighed by them over ranks) and counts (summed)
+            "batch/solve_all": Stat.mean(float((all_equal & solved).float().mean()), weight=groups),
+            "batch/solve_none": Stat.mean(float((all_equal & ~solved).float().mean()), weight=groups),
+            "batch/filtered_groups": Stat.sum(0.0),
+            "batch/filter_remainder_count": Stat.sum(0.0),
         }
         if hp.filter_groups:
             records, completions, rewards, advantages, filter_stats = self._filter_groups(
@@ -294,7 +296,7 @@ class MathRLDataModule(LightningDataModule):
         `kept % world` left over are dropped and counted, so all ranks run the same number of
         forward passes. When fewer groups than ranks survive, nothing is filtered (their zero
         advantages contribute no policy gradient). Counts are per generating rank (summed over
-        ranks by `TrainingStats`).
+        ranks: `Stat.sum`).
         """
         G = self.hparams.group_size
         world, rank = self.trainer.world_size, self.trainer.global_rank
@@ -310,14 +312,14 @@ class MathRLDataModule(LightningDataModule):
             groups = local
         kept = [g for g, item in enumerate(groups) if not item[4]]
         share = len(kept) // world
-        stats = {"batch/filtered_groups": 0.0, "batch/filter_remainder_count": 0.0}
+        stats = {"batch/filtered_groups": Stat.sum(0.0), "batch/filter_remainder_count": Stat.sum(0.0)}
         if share == 0:
             return records, completions, rewards, advantages, stats
         mine = kept[rank * share:(rank + 1) * share]
         removed = set(range(len(groups))) - set(kept)
         remainder = set(kept[share * world:])
-        stats["batch/filtered_groups"] = float(sum(1 for g in removed if g % world == rank))
-        stats["batch/filter_remainder_count"] = float(sum(1 for g in remainder if g % world == rank))
+        stats["batch/filtered_groups"] = Stat.sum(float(sum(1 for g in removed if g % world == rank)))
+        stats["batch/filter_remainder_count"] = Stat.sum(float(sum(1 for g in remainder if g % world == rank)))
         picked = [groups[g] for g in mine]
         return ([p[0] for p in picked], [p[1] for p in picked], torch.cat([p[2] for p in picked]),
                 torch.cat([p[3] for p in picked]), stats)

@@ -16,17 +16,22 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, LightningDataModule, Trainer, seed_everything
+from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aspo_lit.advantages import group_advantages  # noqa: E402
-from aspo_lit.callbacks import EntropyMonitor, TrainingStats  # noqa: E402
+from aspo_lit.callbacks import EntropyMechanism, EntropyMonitor, TrainingStats  # noqa: E402
 from aspo_lit.models import full_state_dict  # noqa: E402
 from aspo_lit.module import ASPOModule  # noqa: E402
 from aspo_lit.rollout.batch import RolloutBatch  # noqa: E402
 
 GROUPS, G, P, T = 8, 4, 6, 10
 DIAGNOSTICS = ("train/entropy", "train/kl", "train/reward_mean", "response/length_mean", "response/length_max")
+# with --stats: the step's statistics and the diagnostics the ranks reduce by their own weights
+STATS = ("clip/pos_high", "clip/neg_low", "ratio/pos_mean", "ratio/neg_mean", "train/pg_loss", "train/grad_norm",
+         "train/updates_per_rollout", "ratio/off_policy_share", "train/position_mean", "entropy/cov",
+         "entropy/cov_pos", "entropy/cov_neg", "entropy/measured_change")
 VAL_K = 4
 
 
@@ -75,7 +80,10 @@ class FixedRollouts(LightningDataModule):
         self.steps = steps
 
     def train_dataloader(self):
-        return [[step] for step in range(self.steps)]
+        # a DataLoader (Lightning would read a plain list of lists as one loader per inner list),
+        # the same steps on every rank (the Trainer adds no distributed sampler: each rank takes its
+        # share of the step's rollout batch in on_after_batch_transfer)
+        return DataLoader(range(self.steps), batch_size=1)
 
     def val_dataloader(self):
         return [["val"]]
@@ -94,7 +102,8 @@ class Record(Callback):
     """After the diagnostics: each step's grad norm, skips, logged diagnostics and this rank's
     own token count and token-mean entropy."""
 
-    def __init__(self) -> None:
+    def __init__(self, diagnostics=DIAGNOSTICS) -> None:
+        self.keys = tuple(diagnostics)
         self.grad_norms: list[float] = []
         self.skipped: list[int] = []
         self.diagnostics: list[dict[str, float]] = []
@@ -113,11 +122,11 @@ class Record(Callback):
         self.tied = pl_module.policy.lm_head.weight is pl_module.policy.get_input_embeddings().weight
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.grad_norms.append(float(outputs["grad_norm"]))
-        self.skipped.append(int(outputs["skipped_steps"]))
-        self.diagnostics.append({k: float(trainer.callback_metrics[k]) for k in DIAGNOSTICS})
-        mask = outputs["response_mask"]
-        self.local_entropy.append((int(mask.sum()), float((outputs["entropy"] * mask).sum() / mask.sum())))
+        self.grad_norms.append(float(outputs.stats["train/grad_norm"]))
+        self.skipped.append(int(float(outputs.stats["train/skipped_steps"])))
+        self.diagnostics.append({k: float(trainer.callback_metrics[k]) for k in self.keys})
+        mask = outputs.response_mask
+        self.local_entropy.append((int(mask.sum()), float((outputs.entropy * mask).sum() / mask.sum())))
 
 
 def _inject_nan(rank: int) -> None:
@@ -164,6 +173,9 @@ def main() -> None:
                         help="this rank's first update log-probs are NaN (a rank-local numerical failure)")
     parser.add_argument("--loss_agg", default="seq-mean-token-mean")
     parser.add_argument("--param_dtype", default=None, help="FSDP2Strategy param_dtype (default: none, fp32 compute)")
+    parser.add_argument("--loss", default="aspo", help="model.loss: a name or an import path")
+    parser.add_argument("--minibatches", type=int, default=1, help="optimizer steps per rollout batch")
+    parser.add_argument("--stats", action="store_true", help="also record STATS (and run EntropyMechanism)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -179,13 +191,14 @@ def main() -> None:
         strategy = ModelParallelStrategy()
     if args.nan_rank is not None:
         _inject_nan(args.nan_rank)
-    module = ASPOModule(model_name_or_path=args.model, loss="aspo", loss_kwargs={"loss_agg": args.loss_agg},
-                        lr=1e-3, warmup_steps=0, kl_coef=0.01, mini_batch_size=GROUPS, micro_batch_size=3,
-                        max_tokens_per_micro_batch=args.budget)
-    record = Record()
-    trainer = Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=2, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      callbacks=[TrainingStats(), EntropyMonitor(), record])
+    module = ASPOModule(model_name_or_path=args.model, loss=args.loss, loss_kwargs={"loss_agg": args.loss_agg},
+                        lr=1e-3, warmup_steps=0, kl_coef=0.01, mini_batch_size=GROUPS // args.minibatches,
+                        micro_batch_size=3, max_tokens_per_micro_batch=args.budget)
+    record = Record(DIAGNOSTICS + (STATS if args.stats else ()))
+    callbacks = [TrainingStats(), EntropyMonitor(), *([EntropyMechanism()] if args.stats else []), record]
+    trainer = Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=2 * args.minibatches,
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=callbacks, use_distributed_sampler=False)
     from aspo_lit.models import load_policy
 
     base = load_policy(args.model)
@@ -216,6 +229,8 @@ def main() -> None:
             "diagnostics": record.diagnostics,
             "val": {k: float(trainer.callback_metrics[f"val/{k}@{VAL_K}"]) for k in ("avg", "pass")},
             "val_all_problems": {"avg": correct.float().mean().item(), "pass": correct.any(1).float().mean().item()},
+            "response_lengths": [fixed_rollout(step, module.policy.config.vocab_size, module.tokenizer.pad_token_id)
+                                 .response_lengths.tolist() for step in range(2)],
             "grad_norms": record.grad_norms,
             "initial_weights": initial,
             "initial_buffers": initial_buffers,

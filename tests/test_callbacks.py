@@ -14,17 +14,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from aspo_lit.callbacks import (
-    DiagnosticsProgressBar, EntropyMonitor, HealthMonitor, RepetitionDiagnostic, TokenWeightSurface,
-    TrainingStats, assess_health, bin_token_weights, ngram_stats, weighted_mean,
+    DiagnosticsProgressBar, DiagnosticsTQDMProgressBar, EntropyMechanism, EntropyMonitor, HealthMonitor,
+    RepetitionDiagnostic, TokenWeightSurface, TrainingStats, assess_health, bin_token_weights, ngram_stats,
+    weighted_mean,
 )
 from aspo_lit.__main__ import main as aspo_lit_main
 from aspo_lit.figures import plot_figure2, read_metrics
 from aspo_lit.callbacks.token_weights import Reservoir
+from aspo_lit.stats import Stat
+from aspo_lit.step import StepOutput
 
 FIXTURE = Path(__file__).parent / "fixtures" / "metrics_fixture.csv"
 
@@ -65,57 +68,75 @@ ROW_ENTROPY = [1.0, 2.0, 3.0, 0.5]
 TOKEN_ENTROPY = (5 * 1.0 + 3 * 2.0 + 2 * 3.0 + 4 * 0.5) / 14  # token-weighted, not 1.625
 
 
+def stats(pos_tokens=7.0, neg_tokens=7.0, groups=2.0, **over):
+    """A step's statistics, each with the weight and reduction the module declares for it."""
+    tokens = pos_tokens + neg_tokens
+    out = {
+        "clip/pos_high": Stat.mean(0.25, pos_tokens), "clip/neg_low": Stat.mean(0.5, neg_tokens),
+        "clip/pos_dual": Stat.mean(0.0, pos_tokens), "clip/neg_dual": Stat.mean(0.125, neg_tokens),
+        "ratio/pos_mean": Stat.mean(1.1, pos_tokens), "ratio/neg_mean": Stat.mean(0.9, neg_tokens),
+        "train/pg_loss": Stat.mean(0.1), "train/kl": Stat.mean(0.01, tokens), "train/grad_norm": Stat.mean(2.0),
+        "train/skipped_steps": Stat.max(0.0), "train/updates_per_rollout": Stat.max(4.0),
+        "batch/solve_all": Stat.mean(0.25, groups), "batch/solve_none": Stat.mean(0.5, groups),
+        "batch/filtered_groups": Stat.sum(1.0),
+        "timing/rollout_s": Stat.max(1.5), "timing/old_logprob_s": Stat.max(0.2), "timing/update_s": Stat.max(0.5),
+        "timing/weight_sync_s": Stat.max(0.0),
+    }
+    out.update(over)
+    return dict(sorted(out.items()))
+
+
 def make_diagnostics(lengths=LENGTHS, row_entropy=ROW_ENTROPY, rewards=(1.0, 0.0, 1.0, 0.0),
-                     texts=(LOOP, UNIQUE, ONE_REPEAT, SHORT), entropy_scale=1.0, **over):
+                     texts=(LOOP, UNIQUE, ONE_REPEAT, SHORT), entropy_scale=1.0, **over) -> StepOutput:
+    """A synthetic `StepOutput`: A = ±1 by reward, r = e^{±0.1} on the response tokens."""
     n, t = len(lengths), max(lengths)
     mask = (torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]).float()
     rewards = torch.tensor(rewards, dtype=torch.float32)
     advantages = torch.where(rewards > 0, 1.0, -1.0)
-    old = torch.full((n, t), math.log(0.5))
-    lp = old + 0.1 * advantages[:, None]
-    d = {
-        "entropy": entropy_scale * torch.tensor(row_entropy)[:, None].expand(n, t) * mask,
-        "old_logprobs": old, "logprobs": lp, "token_weight": (lp - old).exp() * mask,
-        "response_mask": mask, "advantages": advantages, "rewards": rewards,
-        "response_lengths": torch.tensor(lengths), "truncated": torch.tensor([False] * (n - 1) + [True]),
-        "texts": list(texts),
-        "loss_stats": {"pg_loss": 0.1, "clip/pos_high": 0.25, "clip/neg_low": 0.5, "clip/pos_dual": 0.0,
-                       "clip/neg_dual": 0.125, "ratio/pos_mean": 1.1, "ratio/neg_mean": 0.9,
-                       "count/pos_tokens": 7.0, "count/neg_tokens": 7.0},
-        "kl": 0.01, "grad_norm": 2.0, "skipped_steps": 0,
-        "batch_stats": {"batch/solve_all": 0.25, "batch/solve_none": 0.5, "batch/filtered_groups": 1.0},
-        "timings": {"timing/rollout_s": 1.5, "timing/old_logprob_s": 0.2, "timing/update_s": 0.5,
-                    "timing/weight_sync_s": 0.0},
-        "num_tokens": int(mask.sum()),
-    }
-    d.update(over)
-    return d
+    old = torch.full((n, t), math.log(0.5)) * mask
+    lp = old + 0.1 * advantages[:, None] * mask
+    entropy = entropy_scale * torch.tensor(row_entropy)[:, None].expand(n, t) * mask
+    fields = dict(
+        response_mask=mask, old_logprobs=old, entropy=entropy, logprobs=lp, ratio=(lp - old).exp(),
+        updated_entropy=entropy * 0.9, token_weight=(lp - old).exp() * mask, advantages=advantages,
+        rewards=rewards, response_lengths=torch.tensor(lengths),
+        truncated=torch.tensor([False] * (n - 1) + [True]), texts=list(texts),
+        stats=stats(pos_tokens=float(mask[rewards > 0].sum()), neg_tokens=float(mask[rewards <= 0].sum())),
+    )
+    fields.update(over)
+    return StepOutput(**fields)
 
 
-def rank_diagnostics(rank: int):
-    """Two ranks with different token and response counts (for the 2-process test)."""
+def rank_diagnostics(rank: int) -> StepOutput:
+    """Two ranks with different token and response counts (for the 2-process test). Every
+    statistic's weight is this rank's own count, including a user loss's ``train/position_mean``,
+    whose name holds "pos" and which is a mean over all response tokens, not the A > 0 ones."""
     if rank == 0:
         return make_diagnostics(lengths=[1], row_entropy=[1.0], rewards=(1.0,), texts=(LOOP,),
-                                loss_stats={"pg_loss": 0.2, "clip/pos_high": 1.0, "count/pos_tokens": 1.0,
-                                            "count/neg_tokens": 0.0},
-                                kl=0.0, grad_norm=2.0, timings={"timing/rollout_s": 1.0}, num_tokens=1,
-                                batch_stats={"batch/solve_all": 0.0, "batch/filtered_groups": 1.0})
+                                old_logprobs=torch.full((1, 1), -0.1), stats=stats(
+            pos_tokens=1.0, neg_tokens=0.0, groups=1.0, **{
+                "clip/pos_high": Stat.mean(1.0, 1.0), "train/pg_loss": Stat.mean(0.2),
+                "train/kl": Stat.mean(0.0, 1.0), "train/grad_norm": Stat.mean(2.0),
+                "timing/rollout_s": Stat.max(1.0), "batch/solve_all": Stat.mean(0.0, 1.0),
+                "batch/filtered_groups": Stat.sum(1.0), "train/position_mean": Stat.mean(0.0, 1.0)}))
     return make_diagnostics(lengths=[3, 3, 3], row_entropy=[3.0, 3.0, 3.0], rewards=(0.0, 0.0, 0.0),
-                            texts=(UNIQUE, SHORT, NEAR),
-                            loss_stats={"pg_loss": 0.4, "clip/pos_high": 0.0, "count/pos_tokens": 9.0,
-                                        "count/neg_tokens": 9.0},
-                            kl=1.0, grad_norm=5.0, timings={"timing/rollout_s": 4.0}, num_tokens=9,
-                            batch_stats={"batch/solve_all": 1.0, "batch/filtered_groups": 2.0})
+                            texts=(UNIQUE, SHORT, NEAR), old_logprobs=torch.full((3, 3), -2.0), stats=stats(
+                                pos_tokens=0.0, neg_tokens=9.0, groups=1.0, **{
+                                    "clip/pos_high": Stat.mean(0.0, 9.0), "train/pg_loss": Stat.mean(0.4),
+                                    "train/kl": Stat.mean(1.0, 9.0), "train/grad_norm": Stat.mean(5.0),
+                                    "timing/rollout_s": Stat.max(4.0), "batch/solve_all": Stat.mean(1.0, 1.0),
+                                    "batch/filtered_groups": Stat.sum(2.0),
+                                    "train/position_mean": Stat.mean(1.0, 9.0)}))
 
 
 class DummyModule(LightningModule):
     """Manual optimisation like ASPOModule; returns synthetic step diagnostics."""
 
-    def __init__(self, collapse_at: int | None = None, per_rank: bool = False):
+    def __init__(self, collapse_at: int | None = None, per_rank: bool = False, **step):
         super().__init__()
         self.automatic_optimization = False
         self.layer = torch.nn.Linear(1, 1)
-        self.collapse_at, self.per_rank = collapse_at, per_rank
+        self.collapse_at, self.per_rank, self.step = collapse_at, per_rank, step
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
@@ -125,7 +146,7 @@ class DummyModule(LightningModule):
         if self.per_rank:
             return rank_diagnostics(self.global_rank)
         collapsed = self.collapse_at is not None and batch_idx >= self.collapse_at
-        return make_diagnostics(entropy_scale=1e-3 if collapsed else 1.0)
+        return make_diagnostics(entropy_scale=1e-3 if collapsed else 1.0, **self.step)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.0)
@@ -193,7 +214,8 @@ def test_training_stats_values(tmp_path):
         "train/reward_std": 0.5, "batch/solve_all": 0.25, "batch/solve_none": 0.5,
         "batch/filtered_groups": 1.0, "response/length_mean": 3.5, "response/length_max": 5.0,
         "response/clip_ratio": 0.25, "timing/rollout_s": 1.5, "timing/old_logprob_s": 0.2,
-        "timing/update_s": 0.5, "timing/weight_sync_s": 0.0,
+        "timing/update_s": 0.5, "timing/weight_sync_s": 0.0, "train/updates_per_rollout": 4.0,
+        "ratio/off_policy_share": 1.0,   # r = e^{±0.1} on every response token
     }
     for key, value in expected.items():
         assert logged[key] == pytest.approx(value, rel=1e-6), key
@@ -315,7 +337,7 @@ def test_figure2_renders_png_and_svg_from_fixture(tmp_path):
 @pytest.mark.timeout(180)
 def test_reductions_across_two_ranks_are_weighted(tmp_path):
     callbacks = [TrainingStats(), EntropyMonitor(window=1), RepetitionDiagnostic(),
-                 HealthMonitor(interval=1, window=1), TokenWeightSurface(every_n_steps=1)]
+                 HealthMonitor(interval=1, window=1), TokenWeightSurface(every_n_steps=1), EntropyMechanism()]
     trainer = Trainer(max_steps=2, logger=CSVLogger(tmp_path), accelerator="cpu", devices=2,
                       strategy="ddp_spawn", callbacks=callbacks, log_every_n_steps=1,
                       enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
@@ -325,11 +347,19 @@ def test_reductions_across_two_ranks_are_weighted(tmp_path):
         "train/entropy": (1 * 1.0 + 9 * 3.0) / 10,               # mean of rank means: 2.0
         "clip/pos_high": (1 * 1.0 + 9 * 0.0) / 10,               # 0.5
         "train/kl": (1 * 0.0 + 9 * 1.0) / 10,                     # 0.5
+        "train/position_mean": (1 * 0.0 + 9 * 1.0) / 10,          # 0.5; by A > 0 tokens: 0.0
         "train/reward_mean": 1 / 4,                              # 0.5
         "train/repetition_rate": 1 / 4,                          # 0.5
         "response/length_mean": (1 + 9) / 4,
-        "response/length_max": 3.0, "train/grad_norm": 5.0, "timing/rollout_s": 4.0,
+        "response/length_max": 3.0, "timing/rollout_s": 4.0,
+        "train/grad_norm": 3.5,                                  # declared a mean (equal on every rank in a fit)
         "train/pg_loss": 0.3, "batch/solve_all": 0.5, "batch/filtered_groups": 3.0,
+        "ratio/off_policy_share": 1.0,
+        # x = log π_old: -0.1 (1 token, A = 1) and -2.0 (9 tokens, A = -1), centred on all 10 tokens
+        # (each rank centred on its own means would give 0): E[xA] - E[x]E[A] = 1.79 - 1.448
+        "entropy/cov": 0.342, "entropy/cov_pos": (-0.1 + 1.81) * (1 + 0.8) / 10,
+        "entropy/cov_neg": 9 * (-2.0 + 1.81) * (-1 + 0.8) / 10,
+        "entropy/measured_change": -(1 * 0.1 + 9 * 0.3) / 10,   # updated entropy = 0.9 H
     }
     for key, value in expected.items():
         assert logged[key] == pytest.approx(value, rel=1e-6), key
@@ -340,3 +370,79 @@ def test_reductions_across_two_ranks_are_weighted(tmp_path):
         assert health[key] == pytest.approx(expected[key], rel=1e-6), key
     assert sorted(p.name for p in (log_dir / "figures").glob("*.png")) == ["token_weights_step1.png",
                                                                          "token_weights_step2.png"]
+
+
+# --------------------------------------------------------------------------- the entropy mechanism
+def test_entropy_mechanism_definitions(tmp_path):
+    """Cov(log π_old, A) over response tokens, its A>0 / A<0 parts, −Cov as the predicted change and
+    the entropy change measured on the same tokens, against numpy on the synthetic step."""
+    old = torch.log(torch.tensor([0.5, 0.3, 0.8, 0.1]))[:, None] + torch.linspace(-0.5, 0.0, 5)[None, :]
+    step = make_diagnostics(old_logprobs=old * make_diagnostics().response_mask)
+    logged = last_logged(fit(tmp_path, [EntropyMechanism()], module=DummyModule(old_logprobs=step.old_logprobs)).log_dir)
+    assert abs(logged["entropy/cov"]) > 0.05
+    keep = step.response_mask.numpy() > 0
+    x = step.old_logprobs.numpy()[keep].astype(np.float64)
+    a = np.broadcast_to(step.advantages.numpy()[:, None], keep.shape)[keep].astype(np.float64)
+    centred = (x - x.mean()) * (a - a.mean())
+    assert logged["entropy/cov"] == pytest.approx(np.cov(x, a, bias=True)[0, 1], abs=1e-7)
+    assert logged["entropy/cov_pos"] == pytest.approx(centred[a > 0].sum() / centred.size, abs=1e-7)
+    assert logged["entropy/cov_neg"] == pytest.approx(centred[a < 0].sum() / centred.size, abs=1e-7)
+    assert logged["entropy/predicted_change"] == pytest.approx(-logged["entropy/cov"])
+    assert logged["entropy/measured_change"] == pytest.approx(-0.1 * TOKEN_ENTROPY, rel=1e-6)  # updated = 0.9 H
+
+
+def test_entropy_mechanism_sign_follows_confidence_times_advantage():
+    """Confident tokens (high log π) with A > 0 give a positive covariance: entropy predicted to
+    fall (Cui et al. 2025); the same tokens with A < 0 give the opposite sign."""
+    from aspo_lit.callbacks.entropy_mechanism import EntropyMechanism as Mechanism
+
+    def step(advantages):
+        old = torch.tensor([[-0.1, -0.2], [-3.0, -2.5]])  # row 0 confident, row 1 not
+        return make_diagnostics(lengths=[2, 2], row_entropy=[1.0, 1.0], rewards=(1.0, 0.0), texts=("a", "b"),
+                                old_logprobs=old, advantages=torch.tensor(advantages))
+
+    confident_rewarded = Mechanism().compute(None, None, step([1.0, -1.0]))
+    confident_punished = Mechanism().compute(None, None, step([-1.0, 1.0]))
+    assert confident_rewarded["entropy/cov"] > 0 > confident_rewarded["entropy/predicted_change"]
+    assert confident_punished["entropy/cov"] < 0 < confident_punished["entropy/predicted_change"]
+
+
+# --------------------------------------------------------------------------- the progress bar's total
+class StepsPerBatch(LightningModule):
+    """Manual optimisation with `mini_batch_size`/`ppo_epochs` hparams, as ASPOModule: 4 optimizer
+    steps per batch of 16 prompts."""
+
+    def __init__(self, mini_batch_size=4, ppo_epochs=1):
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.layer = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        for _ in range(4):
+            opt.zero_grad()
+            self.manual_backward(self.layer(torch.ones(1, 1)).sum())
+            opt.step()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+class PromptBatches(LightningDataModule):
+    def __init__(self, batch_size=16):
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self):
+        return DataLoader(range(10), batch_size=1)  # 10 batches an epoch
+
+
+def test_progress_bar_total_is_the_batches_that_will_run(tmp_path):
+    """max_steps=12 optimizer steps at 4 per rollout batch: 3 batches run; the bar says 3/3, not 3/10."""
+    bar = DiagnosticsTQDMProgressBar()
+    trainer = Trainer(max_steps=12, logger=False, accelerator="cpu", callbacks=[bar], enable_checkpointing=False,
+                      enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(StepsPerBatch(), datamodule=PromptBatches())
+    assert trainer.global_step == 12 and bar.train_progress_bar.n == 3
+    assert bar.train_progress_bar.total == 3

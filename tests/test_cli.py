@@ -231,3 +231,83 @@ def test_conf_paths_fall_back_to_the_packaged_copy(tmp_path, monkeypatch):
     (tmp_path / "conf" / "aspo.yaml").write_text("seed_everything: 1\n")
     assert resolve_config_args(["fit", "--config", "conf/aspo.yaml", "--config=conf/grpo.yaml"]) == \
         ["fit", "--config", "conf/aspo.yaml", f"--config={resolve_config('conf/grpo.yaml')}"]
+
+
+# --- callbacks are appended, not replaced; what a run lacks is said at start-up -----------------
+
+def _instantiate(tmp_path, model_dir, *configs: str, extra: tuple[str, ...] = ()):
+    """The fit CLI built up to its classes (no training): trainer, module and DataModule."""
+    from aspo_lit.cli import ASPOCLI
+
+    args = ["--config", TINY, *[w for c in configs for w in ("--config", c)],
+            f"--model.model_name_or_path={model_dir}", f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path}", *extra]
+    return ASPOCLI(args=args, run=False)
+
+
+def _callback_names(cli) -> list[str]:
+    return [type(cb).__name__ for cb in cli.trainer.callbacks]
+
+
+def test_appended_callback_keeps_the_shipped_ones(tmp_path, tiny_model_dir, recwarn):
+    """`callbacks+:` in a later config adds to the shipped list; no warning about missing callbacks."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("trainer:\n  callbacks+:\n    - aspo_lit.callbacks.examples.BoxedAnswerRate\n")
+    names = _callback_names(_instantiate(tmp_path, tiny_model_dir, str(mine)))
+    shipped = [str(cb).rsplit(".", 1)[-1] if isinstance(cb, str) else cb["class_path"].rsplit(".", 1)[-1]
+               for cb in yaml.safe_load(Path(TINY).read_text())["trainer"]["callbacks"]]
+    assert sorted(n for n in names if n in shipped + ["BoxedAnswerRate"]) == sorted(shipped + ["BoxedAnswerRate"])
+    assert not [w for w in recwarn if "trainer.callbacks lack" in str(w.message)]
+
+
+def test_replaced_callbacks_warn_naming_what_is_lost(tmp_path, tiny_model_dir):
+    """A `callbacks:` list in a later config replaces the shipped one: the run still starts, with a
+    warning naming the checkpoint, the interrupt handler and TrainingStats, and the append form."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("trainer:\n  callbacks:\n    - aspo_lit.callbacks.examples.BoxedAnswerRate\n")
+    with pytest.warns(UserWarning, match="trainer.callbacks lack") as caught:
+        cli = _instantiate(tmp_path, tiny_model_dir, str(mine))
+    message = next(str(w.message) for w in caught if "trainer.callbacks lack" in str(w.message))
+    for lost in ("RunCheckpoint", "GracefulInterrupt", "TrainingStats", "callbacks+:"):
+        assert lost in message, lost
+    assert "BoxedAnswerRate" in _callback_names(cli) and "TrainingStats" not in _callback_names(cli)
+
+
+# --- a loss given as a class takes no loss_kwargs; a loss named by import path ------------------
+
+def test_class_path_loss_with_loss_kwargs_is_an_error(tmp_path, capsys, monkeypatch):
+    """conf/tiny/aspo.yaml sets model.loss_kwargs; a class_path loss would silently drop them."""
+    import aspo_lit.models as models
+    import aspo_lit.module as module
+
+    for where in (models, module):
+        monkeypatch.setattr(where, "resolve_model_path", lambda name: pytest.fail("a model was loaded"))
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  loss:\n    class_path: aspo_lit.losses.GRPOLoss\n    init_args: {eps_high: 0.28}\n")
+    code, text = _run(["fit", "--config", TINY, "--config", str(mine)], capsys)
+    message = [line for line in text.splitlines() if line.startswith("aspo-lit: config error:")]
+    assert code == 2 and len(message) == 1, text
+    assert "model.loss_kwargs" in message[0] and "model.loss.init_args" in message[0]
+
+
+def test_class_path_loss_without_loss_kwargs_and_import_path_names(tmp_path, tiny_model_dir):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model:\n  loss_kwargs: null\n  loss:\n    class_path: aspo_lit.losses.GRPOLoss\n"
+                    "    init_args: {eps_high: 0.28}\n")
+    loss_fn = _instantiate(tmp_path, tiny_model_dir, str(mine)).model.loss_fn
+    assert type(loss_fn).__name__ == "GRPOLoss" and loss_fn.eps_high == 0.28
+    cli = _instantiate(tmp_path, tiny_model_dir, extra=("--model.loss=tests.user_loss:ASPOWithPositionStat",))
+    assert type(cli.model.loss_fn).__name__ == "ASPOWithPositionStat"
+    assert cli.model.loss_fn.dual_clip == 3.0  # conf/tiny/aspo.yaml's loss_kwargs reached it
+    assert "train/position_mean" in cli.model.stat_reductions
+
+
+# --- every update on-policy: said at start-up -----------------------------------------------------
+
+def test_on_policy_config_warns_at_start_up(tmp_path, tiny_model_dir, recwarn):
+    with pytest.warns(UserWarning, match="every update is on-policy"):
+        _instantiate(tmp_path, tiny_model_dir, extra=("--model.mini_batch_size=16",))  # = data.batch_size
+    recwarn.clear()
+    _instantiate(tmp_path, tiny_model_dir)  # conf/tiny/aspo.yaml: 4 steps per rollout batch
+    _instantiate(tmp_path, tiny_model_dir, extra=("--model.mini_batch_size=16", "--model.ppo_epochs=2"))
+    assert not [w for w in recwarn if "on-policy" in str(w.message)]

@@ -28,8 +28,7 @@ from aspo_lit.losses import (
 BUILTIN = ["grpo", "grpo_no_is", "grpo_pos_mean", "aspo", "aspo_no_dual_clip", "cispo", "gspo"]
 AGGS = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 EPS_LOW, EPS_HIGH, C = 0.2, 0.28, 3.0  # ε_high ≠ ε_low so a swapped bound is caught
-STAT_KEYS = {"pg_loss", "clip/pos_high", "clip/neg_low", "clip/pos_dual", "clip/neg_dual",
-             "ratio/pos_mean", "ratio/neg_mean", "count/pos_tokens", "count/neg_tokens"}
+STAT_KEYS = {"clip/pos_high", "clip/neg_low", "clip/pos_dual", "clip/neg_dual", "ratio/pos_mean", "ratio/neg_mean"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,7 +183,7 @@ def test_aspo_no_dual_clip_has_no_cap():
     g = grad.view(-1).double()
     assert_near(g[0], -w_agg[0] * adv[0] / r[0])    # 1/r = 6.67 > c, uncapped
     assert_near(g[10], -w_agg[10] * r[10] * adv[10])  # r = 4 > c, uncapped
-    assert stats["clip/pos_dual"] == 0 and stats["clip/neg_dual"] == 0
+    assert float(stats["clip/pos_dual"]) == 0 and float(stats["clip/neg_dual"]) == 0
 
 
 def test_aspo_forward_values():
@@ -243,7 +242,7 @@ def test_extreme_log_ratio_is_finite(name, gap):
     adv = torch.tensor([1.0, -1.0])
     loss, grad, stats = grad_wrt_logprobs(make_loss(name), lp, old, adv, torch.ones(2, 3))
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
-    assert all(torch.isfinite(v) for v in stats.values())
+    assert all(torch.isfinite(torch.as_tensor(v.value)) for v in stats.values())
 
 
 def test_extreme_lagging_positive_token_keeps_capped_gradient_in_aspo():
@@ -253,7 +252,7 @@ def test_extreme_lagging_positive_token_keeps_capped_gradient_in_aspo():
     _, grad, stats = grad_wrt_logprobs(make_loss("aspo", loss_agg="token-mean"), lp, old, torch.tensor([0.5]),
                                        torch.ones(1, 1))
     assert grad.item() == pytest.approx(-C * 0.5)
-    assert stats["clip/pos_dual"] == 1
+    assert float(stats["clip/pos_dual"]) == 1
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -325,7 +324,7 @@ def test_all_padding_batch_gives_zero_loss_not_nan():
     for agg in AGGS:
         loss, stats = make_loss("aspo", loss_agg=agg)(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2),
                                                        torch.zeros(2, 3))
-        assert loss.item() == 0 and all(torch.isfinite(v) for v in stats.values())
+        assert loss.item() == 0 and all(torch.isfinite(torch.as_tensor(v.value)) for v in stats.values())
 
 
 def test_aggregate_and_normalizer_directly():
@@ -376,18 +375,24 @@ def test_property_stats(batch, name):
     lp, old, adv, mask = batch
     _, stats = make_loss(name)(lp, old, adv, mask)
     assert set(stats) == STAT_KEYS
-    assert all(not v.requires_grad and v.dtype == torch.float32 and v.dim() == 0 for v in stats.values())
+    assert all(v.reduce == "mean" and not v.value.requires_grad and v.value.dtype == torch.float32
+               and v.value.dim() == 0 for v in stats.values())
     pos = (adv.view(-1, 1) > 0) & (mask > 0)
     neg = (adv.view(-1, 1) < 0) & (mask > 0)
-    assert stats["count/pos_tokens"] == pos.sum() and stats["count/neg_tokens"] == neg.sum()
+    for key in ("clip/pos_high", "clip/pos_dual", "ratio/pos_mean"):   # each weighed by its sign's tokens
+        assert float(stats[key].weight) == pos.sum()
+    for key in ("clip/neg_low", "clip/neg_dual", "ratio/neg_mean"):
+        assert float(stats[key].weight) == neg.sum()
     for key in ("clip/pos_high", "clip/neg_low", "clip/pos_dual", "clip/neg_dual"):
-        assert 0 <= stats[key] <= 1
+        assert 0 <= float(stats[key]) <= 1
     r = (lp - old).exp()
+    if name == "gspo":  # its ratio is the response's sequence ratio (the one it clips)
+        r = (((lp - old) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp_min(1)).exp().expand_as(r)
     expected_pos_mean = r[pos].mean().item() if pos.any() else 0.0
-    assert stats["ratio/pos_mean"].item() == pytest.approx(expected_pos_mean, rel=1e-5)
+    assert float(stats["ratio/pos_mean"]) == pytest.approx(expected_pos_mean, rel=1e-5)
     if name == "grpo" and neg.any():
         expected = ((r < 1 - EPS_LOW) & neg).sum() / neg.sum()
-        assert stats["clip/neg_low"].item() == pytest.approx(expected.item())
+        assert float(stats["clip/neg_low"]) == pytest.approx(expected.item())
 
 
 @settings(max_examples=15, deadline=None)
@@ -415,15 +420,15 @@ def test_stats_by_hand():
     adv = torch.tensor([1.0, -1.0])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     _, aspo = make_loss("aspo")(lp, old, adv, mask)
-    assert aspo["clip/pos_high"].item() == pytest.approx(1 / 3)    # r = 1.5
-    assert aspo["clip/pos_dual"].item() == pytest.approx(1 / 3)    # 1/r = 5 > c
-    assert aspo["clip/neg_low"].item() == pytest.approx(1 / 4)     # r = 0.5
-    assert aspo["clip/neg_dual"].item() == pytest.approx(1 / 4)    # r = 4 > c
-    assert aspo["ratio/pos_mean"].item() == pytest.approx((1.5 + 1.0 + 0.2) / 3, rel=1e-6)
-    assert aspo["ratio/neg_mean"].item() == pytest.approx((0.5 + 4 + 1 + 1) / 4, rel=1e-6)
-    assert aspo["count/pos_tokens"] == 3 and aspo["count/neg_tokens"] == 4
+    assert float(aspo["clip/pos_high"]) == pytest.approx(1 / 3)    # r = 1.5
+    assert float(aspo["clip/pos_dual"]) == pytest.approx(1 / 3)    # 1/r = 5 > c
+    assert float(aspo["clip/neg_low"]) == pytest.approx(1 / 4)     # r = 0.5
+    assert float(aspo["clip/neg_dual"]) == pytest.approx(1 / 4)    # r = 4 > c
+    assert float(aspo["ratio/pos_mean"]) == pytest.approx((1.5 + 1.0 + 0.2) / 3, rel=1e-6)
+    assert float(aspo["ratio/neg_mean"]) == pytest.approx((0.5 + 4 + 1 + 1) / 4, rel=1e-6)
+    assert float(aspo["clip/pos_high"].weight) == 3 and float(aspo["clip/neg_low"].weight) == 4
     _, grpo = make_loss("grpo")(lp, old, adv, mask)
-    assert grpo["clip/pos_dual"] == 0 and grpo["clip/neg_dual"].item() == pytest.approx(1 / 4)
+    assert float(grpo["clip/pos_dual"]) == 0 and float(grpo["clip/neg_dual"]) == pytest.approx(1 / 4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,7 +458,7 @@ def test_entropy_dependent_eps():
     w = effective_token_weight(loss_fn, lp, old, adv, mask, entropy=entropy)
     torch.testing.assert_close(w, torch.tensor([[0, 0, 0, 0, 1.3, 0, 0]]))
     _, stats = loss_fn(lp, old, adv, mask, entropy=entropy)
-    assert stats["clip/pos_high"].item() == pytest.approx(4 / 5)
+    assert float(stats["clip/pos_high"]) == pytest.approx(4 / 5)
     with pytest.raises(ValueError, match="entropy"):
         loss_fn(lp, old, adv, mask)
 
@@ -527,7 +532,7 @@ def test_user_registered_class_loss():
         r = (lp - old).exp()
         expected = -agg_weight(mask, "seq-mean-token-mean") * 3.0 * r.double() * adv.view(-1, 1)
         torch.testing.assert_close(grad.double(), expected, rtol=1e-5, atol=1e-8)
-        assert 0 <= stats["clip/pos_high"] <= 1
+        assert 0 <= float(stats["clip/pos_high"]) <= 1
     finally:
         POLICY_LOSSES.pop("test_clip_only", None)
 
@@ -576,3 +581,68 @@ def test_bad_shapes_and_values():
             loss_fn(lp, old, torch.tensor([1.0, bad]), mask)
     with pytest.raises(ValueError, match="normalizer"):
         loss_fn(lp, old, adv, mask, normalizer=float("nan"))
+
+
+# ---------------------------------------------------------------------------------------------
+# a user loss's own statistics, and naming a user's loss
+
+def test_user_statistics_are_kept_with_their_weights():
+    """Statistics a loss adds are reduced, not dropped: a [B, T] tensor as its mean over the
+    response tokens, a Stat as it declares itself; clip flags as shares of their sign's tokens."""
+    from aspo_lit.stats import Stat
+
+    class Flagging(PolicyLoss):
+        def token_loss(self, logprobs, old_logprobs, advantages, mask, eps_low, eps_high):
+            ratio = self.log_ratio(logprobs, old_logprobs).exp()
+            return -ratio * advantages, {"clip/pos_high": ratio > 1 + eps_high, "large_ratio": ratio > 1.0,
+                                         "position_mean": torch.arange(mask.shape[1]).float().expand_as(mask),
+                                         "user/flagged_count": Stat.sum((ratio > 1.0)[mask].sum())}
+
+    ratios = torch.tensor([[1.5, 1.0, 0.2, 1.0], [0.5, 4.0, 1.0, 1.0]])
+    old = torch.full_like(ratios, -1.0)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    _, stats = Flagging(eps_high=0.2)(old + ratios.log(), old, torch.tensor([1.0, -1.0]), mask)
+    assert float(stats["large_ratio"]) == pytest.approx(2 / 7) and float(stats["large_ratio"].weight) == 7
+    assert float(stats["position_mean"]) == pytest.approx((0 + 1 + 2 + 0 + 1 + 2 + 3) / 7)
+    assert stats["user/flagged_count"].reduce == "sum" and float(stats["user/flagged_count"]) == 2
+    assert float(stats["clip/pos_high"]) == pytest.approx(1 / 3)      # of the 3 A > 0 tokens
+    assert Flagging().stat_reductions() == {**dict.fromkeys(STAT_KEYS, "mean"), "large_ratio": "mean",
+                                            "position_mean": "mean", "user/flagged_count": "sum"}
+
+
+def test_ratio_is_the_one_the_loss_clamps():
+    lp, old = torch.tensor([[30.0, 0.5]]), torch.zeros(1, 2)
+    ratio = get_policy_loss("aspo", clamp_log_ratio=20.0).ratio(lp, old, torch.ones(1, 2))
+    assert ratio.tolist()[0] == pytest.approx([math.exp(20.0), math.exp(0.5)])
+    seq = get_policy_loss("gspo").ratio(lp, old, torch.tensor([[0, 1]]))
+    assert seq.tolist()[0] == pytest.approx([math.exp(0.5), math.exp(0.5)])  # its sequence ratio (of the one real token)
+
+
+def test_loss_named_by_import_path_or_entry_point(tmp_path, monkeypatch):
+    """A user's loss needs no registration: an import path, or an installed package's entry point
+    of the `aspo_lit.losses` group, names it (as `--model.loss=...` does)."""
+    package = tmp_path / "site" / "userlosses"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "from aspo_lit.losses import GRPOLoss\n\n"
+        "class Halved(GRPOLoss):\n"
+        "    def token_loss(self, *args):\n"
+        "        per_token, flags = super().token_loss(*args)\n"
+        "        return 0.5 * per_token, flags\n")
+    dist = tmp_path / "site" / "userlosses-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: userlosses\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[aspo_lit.losses]\nhalved = userlosses:Halved\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    lp, old, adv, mask = random_batch(5)
+    full = get_policy_loss("grpo", eps_high=0.3)(lp, old, adv, mask)[0]
+    for name in ("userlosses:Halved", "userlosses.Halved", "halved"):
+        loss_fn = get_policy_loss(name, eps_high=0.3)
+        assert type(loss_fn).__name__ == "Halved" and loss_fn.eps_high == 0.3, name
+        assert loss_fn(lp, old, adv, mask)[0].item() == pytest.approx(0.5 * full.item(), rel=1e-6), name
+    with pytest.raises(ValueError, match="installed entry points: halved"):
+        get_policy_loss("nope")
+    with pytest.raises(ValueError, match="not a PolicyLoss"):
+        get_policy_loss("aspo_lit.losses:aggregate")
+    with pytest.raises(ValueError, match="cannot import 'no_such_package.losses'"):
+        get_policy_loss("no_such_package.losses:X")

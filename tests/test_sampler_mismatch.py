@@ -16,12 +16,24 @@ def test_mismatch_stats_over_response_tokens():
     engine = torch.tensor([[-1.5, -2.0, -1.0], [-0.5, -0.7, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # the 9.0 is padding
     stats = mismatch_stats(old, engine, mask)
-    assert stats["rollout/logprob_diff_mean"] == pytest.approx((0.5 + 0 + 2 + 0 + 0.2) / 5)
-    assert stats["rollout/logprob_diff_max"] == pytest.approx(2.0)
+    assert float(stats["rollout/logprob_diff_mean"]) == pytest.approx((0.5 + 0 + 2 + 0 + 0.2) / 5)
+    assert float(stats["rollout/logprob_diff_max"]) == pytest.approx(2.0)
     ratios = [math.exp(0.5), 1.0, math.exp(-2.0), 1.0, math.exp(0.2)]
-    assert stats["rollout/is_ratio_mean"] == pytest.approx(sum(ratios) / 5)
-    assert stats["rollout/is_ratio_max"] == pytest.approx(math.exp(0.5))
-    assert stats["rollout/num_tokens"] == 5
+    assert float(stats["rollout/is_ratio_mean"]) == pytest.approx(sum(ratios) / 5)
+    assert float(stats["rollout/is_ratio_max"]) == pytest.approx(math.exp(0.5))
+    assert float(stats["rollout/is_ratio_mean"].weight) == 5        # weighed by this rank's tokens
+    assert stats["rollout/is_ratio_max"].reduce == "max"
+
+
+def test_mismatch_stats_have_the_same_names_without_tokens():
+    """A rank with no response tokens (or a batch without the engine's log-probs) returns the same
+    statistics, empty: the ranks' reductions need the same names on every rank."""
+    old = torch.zeros(2, 3)
+    full = mismatch_stats(old, old - 0.5, torch.ones(2, 3))
+    for empty in (mismatch_stats(old, old - 0.5, torch.zeros(2, 3)), mismatch_stats(old, None, torch.ones(2, 3))):
+        assert list(empty) == list(full)
+        assert all(float(empty[k].weight) == 0 for k in empty if k.endswith("_mean"))
+        assert all(float(empty[k]) == float("-inf") for k in empty if k.endswith("_max"))
 
 
 def test_tis_weights_are_truncated_ratios():

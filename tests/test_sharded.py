@@ -54,6 +54,32 @@ def test_fsdp2_two_processes_match_single(tiny_model_dir, tmp_path, loss_agg):
         assert run["val"] == pytest.approx(run["val_all_problems"], abs=1e-6)
 
 
+def test_user_statistic_and_new_diagnostics_two_ranks_match_single(tiny_model_dir, tmp_path):
+    """A user loss's own statistic (its name holds "pos"; it is a mean over all response tokens),
+    the entropy-mechanism and off-policy diagnostics and the step's statistics, on 2 ranks with
+    unequal token counts and 2 optimizer steps per rollout batch, equal one process on the same
+    batches; the user statistic equals its definition over the whole rollout batch."""
+    extra = ("--loss", "tests.user_loss:ASPOWithPositionStat", "--minibatches", "2", "--stats")
+    single = _fit(tiny_model_dir, tmp_path, 1, "single", "token-mean", *extra)
+    sharded = _fit(tiny_model_dir, tmp_path, 2, "fsdp2", "token-mean", *extra)
+    for (n0, _), (n1, _) in zip(*sharded["local_entropy_per_rank"]):
+        assert n0 != n1
+    for ones, twos in zip(single["diagnostics"], sharded["diagnostics"]):
+        # fp32 sums in another order under FSDP2: 1.3e-5 relative measured, 2e-7 absolute for the
+        # entropy change (2-nat entropies in fp32); a mean of the ranks' means, or a covariance
+        # centred per rank, is off by far more
+        assert {k: v for k, v in twos.items() if k != "ratio/off_policy_share"} == \
+            pytest.approx({k: v for k, v in ones.items() if k != "ratio/off_policy_share"}, rel=1e-4, abs=1e-6)
+        # |r - 1| > 1e-6: a few first-mini-batch tokens sit at the fp32 noise of recomputing π_old
+        assert twos["ratio/off_policy_share"] == pytest.approx(ones["ratio/off_policy_share"], abs=0.03)
+    for lengths, logged in zip(single["response_lengths"], sharded["diagnostics"]):
+        positions = sum(n * (n - 1) / 2 for n in lengths) / sum(lengths)  # mean of 0..n-1 over all tokens
+        assert logged["train/position_mean"] == pytest.approx(positions, rel=1e-6)
+        assert logged["train/updates_per_rollout"] == 2
+        assert 0.3 < logged["ratio/off_policy_share"] < 0.7      # the second mini-batch's tokens moved
+        assert logged["entropy/measured_change"] != 0
+
+
 def test_rank0_loads_and_broadcasts(tiny_tied_model_dir, tmp_path):
     """Under FSDP2 only rank 0 reads the checkpoint; the other rank builds on the meta device and
     gets its shards (and the rotary buffers) by broadcast. Both ranks then hold exactly the

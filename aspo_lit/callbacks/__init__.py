@@ -1,12 +1,13 @@
-"""Diagnostics callbacks: they read the step diagnostics ``ASPOModule.training_step`` returns
-(docs/design.md "Step diagnostics") and log what the IS ratio does to a run (paper Fig. 2-4,
-App. D). Extend with :class:`Diagnostic`; ``examples.py`` is a worked example, not part of the API.
+"""Diagnostics callbacks: they read the `~aspo_lit.step.StepOutput` ``ASPOModule.training_step``
+returns (docs/design.md "Step diagnostics") and log what the IS ratio does to a run (paper Fig. 2-4,
+App. D). Extend with :class:`Diagnostic`; ``examples.py`` holds worked examples, not part of the API.
 """
 
 from aspo_lit.callbacks.base import (
-    Diagnostic, global_max, global_maxes, global_sum, weighted_mean, weighted_means,
+    Diagnostic, global_max, global_maxes, global_sum, reduce_stats, weighted_mean, weighted_means,
 )
 from aspo_lit.callbacks.entropy import EntropyMonitor
+from aspo_lit.callbacks.entropy_mechanism import EntropyMechanism
 from aspo_lit.callbacks.checkpoint import RunCheckpoint
 from aspo_lit.callbacks.interrupt import GracefulInterrupt
 from aspo_lit.callbacks.summary import RunSummary
@@ -17,8 +18,8 @@ from aspo_lit.callbacks.token_weights import TokenWeightSurface, bin_token_weigh
 from aspo_lit.callbacks.training_stats import TrainingStats
 
 __all__ = [
-    "Diagnostic", "weighted_mean", "weighted_means", "global_max", "global_maxes", "global_sum",
-    "EntropyMonitor", "RepetitionDiagnostic", "TrainingStats", "HealthMonitor", "TokenWeightSurface",
+    "Diagnostic", "weighted_mean", "weighted_means", "global_max", "global_maxes", "global_sum", "reduce_stats",
+    "EntropyMonitor", "EntropyMechanism", "RepetitionDiagnostic", "TrainingStats", "HealthMonitor", "TokenWeightSurface",
     "DiagnosticsProgressBar", "DiagnosticsTQDMProgressBar",
     "GracefulInterrupt", "RunCheckpoint", "RunSummary", "assess_health", "bin_token_weights", "ngram_stats",
 ]

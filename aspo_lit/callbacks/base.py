@@ -1,12 +1,13 @@
 """The extension base for step diagnostics, and rank-correct reductions.
 
-A diagnostic is a Lightning callback that reads the dict ``ASPOModule.training_step`` returns
-(``docs/design.md`` "Step diagnostics") and turns it into scalars. Subclass :class:`Diagnostic`,
-implement :meth:`Diagnostic.compute`, name the class in YAML under ``trainer.callbacks``::
+A diagnostic is a Lightning callback that reads the `~aspo_lit.step.StepOutput`
+``ASPOModule.training_step`` returns (``docs/design.md`` "Step diagnostics") and turns it into
+scalars. Subclass :class:`Diagnostic`, implement :meth:`Diagnostic.compute`, and append the class
+to the run's callbacks (``trainer: {callbacks+: [mypkg.MyDiagnostic]}`` in an extra ``--config``)::
 
     class BoxedAnswerRate(Diagnostic):
-        def compute(self, trainer, pl_module, diagnostics):
-            boxed = torch.tensor([float("\\\\boxed" in t) for t in diagnostics["texts"]])
+        def compute(self, trainer, pl_module, step):
+            boxed = torch.tensor([float("\\\\boxed" in t) for t in step.texts])
             return {"train/boxed_rate": weighted_mean(boxed, trainer=trainer)}
 
 The base logs the returned dict every step through ``pl_module.log_dict`` (so CSV, TensorBoard and
@@ -33,6 +34,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torchmetrics import Metric
+
+from aspo_lit.stats import Stat
+from aspo_lit.step import StepOutput
 
 Number = Union[float, int, Tensor]
 
@@ -120,6 +124,21 @@ def global_max(values: Any, *, trainer: Optional[pl.Trainer] = None) -> Tensor:
     return global_maxes({"x": values}, trainer=trainer)["x"]
 
 
+def reduce_stats(stats: Mapping[str, Stat], *, trainer: Optional[pl.Trainer] = None) -> dict[str, Tensor]:
+    """Every statistic reduced over all ranks by the reduction it declares (`aspo_lit.stats`):
+    means weighted by their weights, sums, maxima; three collectives at most. Every rank must pass
+    the same names (a `StepOutput`'s ``stats`` are, by construction)."""
+    by_kind: dict[str, dict[str, Stat]] = {"mean": {}, "sum": {}, "max": {}}
+    for name, stat in sorted(stats.items()):
+        by_kind[stat.reduce][name] = stat
+    out = weighted_means({k: (s.value, s.weight) for k, s in by_kind["mean"].items()}, trainer=trainer)
+    if by_kind["sum"]:
+        sums = global_sum([float(s.value) for s in by_kind["sum"].values()], trainer=trainer)
+        out.update(zip(by_kind["sum"], sums.unbind()))
+    out.update(global_maxes({k: s.value for k, s in by_kind["max"].items()}, trainer=trainer))
+    return out
+
+
 def resolve_log_dir(trainer: pl.Trainer) -> str:
     """The run's log folder: ``trainer.log_dir`` (CSV and TensorBoard loggers), else
     ``<save_dir>/<name>/<version>`` of a logger that has no folder of its own (W&B: project, run
@@ -142,16 +161,13 @@ class Diagnostic(Callback):
     def __init__(self, prog_bar: tuple[str, ...] = ()) -> None:
         self.prog_bar = tuple(prog_bar)
 
-    def compute(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                diagnostics: Mapping[str, Any]) -> dict[str, Number]:
+    def compute(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: StepOutput) -> dict[str, Number]:
         """Return ``{metric name: scalar}`` for this step, reduced across ranks (use the helpers)."""
         raise NotImplementedError
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        if not isinstance(outputs, Mapping):  # a step that returned nothing has nothing to show
-            return
-        metrics = self.compute(trainer, pl_module, outputs)
+        metrics = self.compute(trainer, pl_module, step_output(outputs))
         if metrics:
             self.log_metrics(pl_module, metrics)
 
@@ -163,6 +179,14 @@ class Diagnostic(Callback):
             if group:
                 pl_module.log_dict({k: _scalar(v) for k, v in group.items()}, on_step=True,
                                    on_epoch=False, prog_bar=prog_bar, sync_dist=False, batch_size=1)
+
+
+def step_output(outputs: Any) -> StepOutput:
+    """``outputs`` of ``on_train_batch_end`` as the `StepOutput` it is; a clear error otherwise."""
+    if not isinstance(outputs, StepOutput):
+        raise TypeError(f"a step diagnostic reads the StepOutput ASPOModule.training_step returns "
+                        f"(aspo_lit.step), got {type(outputs).__name__}")
+    return outputs
 
 
 def _scalar(v: Number) -> Union[float, Tensor]:

@@ -3,8 +3,8 @@
 GRPO's ratio over-weights already-confident positive tokens (Sec. 4.3, Fig. 4), which shows up
 first as entropy falling fast toward zero ("entropy collapse", App. D). Logged each step:
 
-* ``train/entropy`` — mean of the pre-update policy's token entropy over response tokens, weighted
-  by tokens across ranks (docs/metrics.md);
+* ``train/entropy`` — mean of the pre-update policy's token entropy (π_old, the pre-update pass)
+  over response tokens, weighted by tokens across ranks (docs/metrics.md);
 * ``train/entropy_slope`` — least-squares slope of ``train/entropy`` per training step over the
   last ``max(window, 2)`` steps (from the 2nd step on);
 * ``alarm/entropy_collapse`` — 1 once the mean entropy of the last ``window`` steps is below
@@ -35,9 +35,9 @@ def slope(values: Sequence[float]) -> float:
     return float((xc * (y - y.mean())).sum() / (xc * xc).sum())
 
 
-def token_mean_entropy(diagnostics, trainer=None):
-    """Token-weighted mean entropy over response tokens, on all ranks."""
-    return weighted_mean(diagnostics["entropy"], diagnostics["response_mask"], trainer=trainer)
+def token_mean_entropy(step, trainer=None):
+    """Token-weighted mean entropy of π_old over response tokens, on all ranks."""
+    return weighted_mean(step.entropy, step.response_mask, trainer=trainer)
 
 
 class EntropyMonitor(Diagnostic):
@@ -61,8 +61,8 @@ class EntropyMonitor(Diagnostic):
         self.history: list[float] = []
         self.collapsed = False
 
-    def compute(self, trainer, pl_module, diagnostics) -> dict[str, Any]:
-        entropy = token_mean_entropy(diagnostics, trainer)
+    def compute(self, trainer, pl_module, step) -> dict[str, Any]:
+        entropy = token_mean_entropy(step, trainer)
         self.history.append(float(entropy))
         metrics: dict[str, Any] = {"train/entropy": entropy}
         if len(self.history) >= 2:

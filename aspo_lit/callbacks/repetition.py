@@ -23,13 +23,13 @@ once with numpy (n vectorised passes), so a 30k-word response costs milliseconds
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from aspo_lit.callbacks.base import Diagnostic, weighted_means
+from aspo_lit.step import StepOutput
 
 _BASE = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier; arithmetic wraps mod 2**64
 
@@ -66,13 +66,10 @@ class RepetitionDiagnostic(Diagnostic):
         super().__init__(prog_bar)
         self.n = n
 
-    def compute(self, trainer, pl_module, diagnostics: Mapping[str, Any]) -> dict[str, Any]:
-        texts = list(diagnostics.get("texts") or [])
-        stats = [ngram_stats(t, self.n) for t in texts]
+    def compute(self, trainer, pl_module, step: StepOutput) -> dict[str, Any]:
+        stats = [ngram_stats(t, self.n) for t in step.texts]
         columns = torch.tensor(stats, dtype=torch.float64).reshape(len(stats), 3)
-        rewards = diagnostics.get("rewards")
-        rewards = torch.zeros(len(texts)) if rewards is None else torch.as_tensor(rewards).detach().cpu()
-        pos = (rewards.reshape(-1)[: len(texts)] > 0).double()
+        pos = (step.rewards.detach().cpu().reshape(-1) > 0).double()
         pairs = {}
         for col, name in enumerate(("repetition_rate", "repetition_ratio", "max_ngram_frequency")):
             values = columns[:, col]

@@ -19,15 +19,15 @@ tokens: the figure is a picture of a sample, no collective is involved.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from aspo_lit.callbacks.base import resolve_log_dir
+from aspo_lit.callbacks.base import resolve_log_dir, step_output
 from aspo_lit.figures import log_figure
+from aspo_lit.step import StepOutput
 
 
 def bin_token_weights(pi_old: Any, pi: Any, weight: Any, bins: int = 20) -> tuple[np.ndarray, np.ndarray]:
@@ -122,11 +122,9 @@ class TokenWeightSurface(Callback):
         self._log_dir = resolve_log_dir(trainer)  # a collective: every rank, once
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not trainer.is_global_zero or not isinstance(outputs, Mapping):
+        if not trainer.is_global_zero:
             return
-        if outputs.get("token_weight") is None:
-            return
-        self.reservoir.add(self._rows(outputs))
+        self.reservoir.add(self._rows(step_output(outputs)))
         self.steps += 1
         if self.steps % self.every_n_steps == 0:
             self._save(trainer)
@@ -136,12 +134,12 @@ class TokenWeightSurface(Callback):
             self._save(trainer)
 
     @staticmethod
-    def _rows(d: Mapping) -> np.ndarray:
-        mask = torch.as_tensor(d["response_mask"]).detach().cpu() > 0
-        sign = torch.sign(torch.as_tensor(d["advantages"]).detach().cpu().float()).reshape(-1, 1)
+    def _rows(step: StepOutput) -> np.ndarray:
+        mask = step.response_mask.detach().cpu() > 0
+        sign = torch.sign(step.advantages.detach().cpu().float()).reshape(-1, 1)
         keep = mask & (sign != 0)
-        columns = [d["old_logprobs"], d["logprobs"], d["token_weight"]]
-        columns = [torch.as_tensor(c).detach().cpu().float() for c in columns]
+        columns = [step.old_logprobs, step.logprobs, step.token_weight]
+        columns = [c.detach().cpu().float() for c in columns]
         columns[0], columns[1] = columns[0].exp(), columns[1].exp()
         columns.append(sign.expand_as(keep))
         return torch.stack([c[keep] for c in columns], dim=-1).numpy()

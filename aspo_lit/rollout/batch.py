@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from aspo_lit.stats import Stat
+
 from .base import Completion
 
 __all__ = ["RolloutBatch", "pack_rollouts", "position_ids_from_mask"]
@@ -36,7 +38,9 @@ class RolloutBatch:
     answers: list[str]  # gold answer per row
     finish_reasons: list[str]  # "stop" | "length"
     response_lengths: torch.LongTensor  # [N]
-    stats: dict[str, float] = field(default_factory=dict)  # batch/solve_all, batch/solve_none, ...
+    # batch/solve_all, batch/solve_none, ...: a Stat declares its reduction over ranks (aspo_lit.stats);
+    # a plain number is a mean over ranks, each rank weighing 1
+    stats: dict[str, float | Stat] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # timing/rollout_s, timing/reward_s, ...
     rollout_logprobs: torch.FloatTensor | None = None  # [N, T] the engine's log-probs of its samples (0 on padding)
 
