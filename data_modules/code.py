@@ -201,6 +201,12 @@ class CodeRLDataModule(MathRLDataModule):
             raise ValueError(f"data.sandbox must be 'bwrap' or 'rlimit', got {sandbox!r}")
         if reward_timeout_s <= 0:
             raise ValueError(f"data.reward_timeout_s must be > 0, got {reward_timeout_s!r}")
+        from aspo_lit.rewards import MathReward
+
+        if isinstance(kwargs.get("reward"), MathReward):   # e.g. inherited from a math config's `data.reward`
+            raise ValueError("data.reward is a MathReward, which grades math answers, not programs: every "
+                             "program would score 0. Set `data.init_args.reward: null` for the sandboxed "
+                             "CodeReward built from data.reward_* (conf/code/aspo.yaml does).")
         super().__init__(train_files=train_files, val_files=val_files, **kwargs)
         self.hparams.update(sandbox=sandbox, reward_timeout_s=reward_timeout_s,
                             reward_memory_mb=reward_memory_mb, reward_workers=reward_workers,

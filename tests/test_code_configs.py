@@ -44,6 +44,7 @@ def test_code_configs_compose_on_the_math_run(capsys, configs, loss, name, model
     assert (data["batch_size"], data["group_size"], data["temperature"]) == (64, 16, 1.0)
     assert cfg["model"]["lr"] == 1e-6 and data["max_response_length"] == max_response
     assert data["sandbox"] == "bwrap"
+    assert data["reward"] is None      # the sandboxed CodeReward, not conf/aspo.yaml's math verifier
     assert [s["label"] for s in data["train_files"]] == ["codeforces", "code_contests", "deepcoder_lcbv5",
                                                         "deepcoder_primeintellect", "deepcoder_taco"]
 
@@ -54,6 +55,17 @@ def test_tiny_code_configs_compose(capsys):
         assert cfg["data"]["class_path"] == "data_modules.testbed.TinyCodeRLDataModule"
         assert cfg["model"]["loss"] == loss and cfg["trainer"]["accelerator"] == "cpu"
         assert "levels" not in cfg["data"]["init_args"]        # the arithmetic module's keys are gone
+        assert cfg["data"]["init_args"]["reward"] is None      # not the math profile's MathReward
+
+
+def test_a_math_reward_on_code_data_is_an_error():
+    """A MathReward left in `data.reward` (a code config composed on a math one without
+    `reward: null`) would score every program 0: the code DataModule refuses it, naming the key."""
+    from aspo_lit.rewards import MathReward
+    from data_modules.code import CodeRLDataModule
+
+    with pytest.raises(ValueError, match="data.init_args.reward: null"):
+        CodeRLDataModule(reward=MathReward(num_workers=0))
 
 
 @pytest.mark.slow

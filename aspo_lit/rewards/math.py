@@ -8,8 +8,11 @@ math-verify (``fast_path``), and answers that are too long or too deeply nested 
 being parsed. The rest is graded by math-verify, bounded in time two ways:
 
 * **In the calling thread** (the main thread, and every grading inside a pool worker):
-  math-verify's own ``signal.alarm`` timeouts bound each parse and each comparison; a timeout
-  scores 0 (a gold parse that times out is not cached).
+  ``grading_deadline`` raises math-verify's timeout exception from ``timeout_s`` on, again every
+  50 ms until the call returns, and a timeout scores 0 (a gold parse that times out is not
+  cached). One alarm is not enough: its exception, raised while a garbage-collection callback
+  runs, is swallowed there ("Exception ignored in ..."), and the parse went on for 36-88 s past
+  a 1 s bound (seen with math-verify's own ``signal.alarm``).
 * **In worker processes** (``MathReward.batch``, and any call from a non-main thread, where
   signals are unavailable): ``aspo_lit.rewards.pool.GradingPool`` kills and replaces a worker past
   a hard per-item deadline (e.g. stuck inside C code where the alarm cannot land); its item
@@ -23,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import re
 import signal
 import threading
@@ -187,7 +189,11 @@ def load_math_verify():
     """Import math-verify once (slow: sympy); returns the module, our extraction config and its
     timeout exception. Pool workers call it before taking items."""
     import math_verify
+    from math_verify import grader, parser
     from math_verify.errors import TimeoutException
+
+    # its "Timeout is disabled ... provide the logic yourself" warning: we do (grading_deadline, GradingPool)
+    grader.TIMEOUT_WARNING_SHOWN = parser.TIMEOUT_WARNING_SHOWN = True
 
     config = [math_verify.LatexExtractionConfig(boxed_match_priority=0), math_verify.ExprExtractionConfig()]
     return math_verify, config, TimeoutException
@@ -221,17 +227,51 @@ def math_verify_score(gold: str, answer: str, seconds: int | None) -> float:
         return 0.0
 
 
+DEADLINE_REPEAT_S = 0.05   # the timeout is raised again this often after the deadline
+
+
 @contextlib.contextmanager
-def outer_timer_kept():
-    """Re-arm a timer set before grading (e.g. pytest-timeout's): math-verify's ``alarm(0)`` cancels it."""
-    delay, interval = signal.getitimer(signal.ITIMER_REAL)
+def grading_deadline(seconds: float):
+    """Bound the block, in the main thread: math-verify's ``TimeoutException`` is raised
+    ``seconds`` after entry and again every ``DEADLINE_REPEAT_S`` until the block exits (module
+    docstring: a single alarm can be swallowed by a garbage-collection callback). The graders
+    catch it per step and call the step not correct; the caller catches one that escapes. A timer
+    set before (e.g. pytest-timeout's) is re-armed with what is left of it."""
+    _, _, timeout_exception = load_math_verify()
+
+    def handler(signum, frame):
+        raise timeout_exception("grading deadline")
+
+    outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)
     start = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 1e-3), DEADLINE_REPEAT_S)
     try:
         yield
     finally:
-        if delay > 0:
-            left = delay - (time.monotonic() - start)
-            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), interval)
+        while True:   # a signal already on its way may still raise here: once, then the timer is off
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+            except timeout_exception:
+                continue
+            break
+        if outer_delay > 0:
+            left = outer_delay - (time.monotonic() - start)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), outer_interval)
+
+
+def bounded_in_main_thread(grade_fn, timeout_s: float, *args) -> float:
+    """``grade_fn(*args)`` under ``grading_deadline(timeout_s)`` (0.0 when the timeout escapes
+    it); in another thread, where no signal lands, it runs as it is (callers there use workers)."""
+    if not in_main_thread():
+        return grade_fn(*args)
+    _, _, timeout_exception = load_math_verify()
+    try:
+        with grading_deadline(timeout_s):
+            return grade_fn(*args)
+    except timeout_exception:
+        return 0.0
 
 
 def compute_score(
@@ -243,9 +283,8 @@ def compute_score(
 ) -> float:
     """verl-style ``compute_score``: 1.0 if the response's final answer equals the gold, else 0.0.
 
-    Runs in the calling thread. In the main thread math-verify's timeouts (``timeout_s``, rounded
-    up to whole seconds: ``signal.alarm``) bound each parse and each comparison; in another
-    thread it runs unbounded, so callers there should use ``MathReward``, which sends such
+    Runs in the calling thread. In the main thread ``grading_deadline(timeout_s)`` bounds it; in
+    another thread it runs unbounded, so callers there should use ``MathReward``, which sends such
     calls to worker processes.
     """
     answer = extract_answer(solution_str, think_end_token)
@@ -253,7 +292,4 @@ def compute_score(
     quick = shortcut_score(answer, gold, fast_path)
     if quick is not None:
         return quick
-    if not in_main_thread():
-        return math_verify_score(gold, answer, None)
-    with outer_timer_kept():
-        return math_verify_score(gold, answer, max(1, math.ceil(timeout_s)))
+    return bounded_in_main_thread(math_verify_score, timeout_s, gold, answer, None)

@@ -33,8 +33,8 @@ class MathReward:
             authors' ``RewardMathFn`` as released: DeepScaleR, else math-verify's parse matched
             as a string only), ``math_verify`` or ``deepscaler`` (one verifier alone);
             ``aspo_lit.rewards.verifiers``.
-        timeout_s: each verifier step's time bound (whole seconds, rounded up); no step starts
-            past ``timeout_s`` from the start of a response's grading.
+        timeout_s: the time bound of one response's grading in a main thread
+            (``aspo_lit.rewards.math.grading_deadline``); no step starts past it.
         num_workers: grading processes for ``batch`` and non-main-thread calls
             (default ``min(8, cpu_count)``); 0 grades ``batch`` sequentially in the main thread.
         think_end_token: grade only the text after the last occurrence of this token, when

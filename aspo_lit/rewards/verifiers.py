@@ -19,21 +19,19 @@ returning it, so it never counts.
 Every rule grades the text after the last ``think_end_token`` (Archer2.0 splits at the first;
 the two differ only for a response that closes its thinking twice), and, with ``fast_path``,
 scores 1 without a verifier when the last boxed answer (as the rule's first verifier reads it)
-equals the gold after a light, meaning-preserving normalisation. Time: each verifier step gets
-``timeout_s`` (whole seconds, ``signal.alarm``, main thread only), and no step starts past
-``timeout_s`` from the call's start.
+equals the gold after a light, meaning-preserving normalisation. Time: the whole call is bounded
+by ``timeout_s`` in a main thread (``aspo_lit.rewards.math.grading_deadline``), and no step starts
+past ``timeout_s`` from the call's start.
 """
 
 from __future__ import annotations
 
-import math
-import threading
 import time
 from typing import Literal
 
 from aspo_lit.rewards import deepscaler
 from aspo_lit.rewards.math import (
-    outer_timer_kept,
+    bounded_in_main_thread,
     shortcut_score,
     math_verify_score,
     extract_answer,
@@ -69,13 +67,6 @@ def quick_score(text: str, gold: str, verifier: str, think_end_token: str | None
     return None if solution.strip() else 0.0  # math-verify's step reads unboxed answers too
 
 
-def _seconds_left(deadline: float) -> int | None:
-    """Whole seconds for the next step's alarm (None outside the main thread: no signals)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return max(1, math.ceil(deadline - time.monotonic()))
-
-
 def skywork_math_verify(solution: str, gold: str, seconds: int | None, semantic: bool = True) -> bool:
     """Skywork-OR1's ``math_verify_reward_function``: math-verify's default ``parse`` of the whole
     ``solution``; correct when the extracted string is ``gold``, else (``semantic``) when
@@ -105,26 +96,24 @@ def grade(solution_str: str, ground_truth: str, verifier: str = "either", timeou
     quick = quick_score(solution_str, ground_truth, verifier, think_end_token, fast_path)
     if quick is not None:
         return quick
-    if threading.current_thread() is not threading.main_thread():
-        return _grade(solution_str, ground_truth, verifier, timeout_s, think_end_token)
-    with outer_timer_kept():
-        return _grade(solution_str, ground_truth, verifier, timeout_s, think_end_token)
+    return bounded_in_main_thread(_grade, timeout_s, solution_str, ground_truth, verifier, timeout_s,
+                                  think_end_token)
 
 
 def _grade(solution_str: str, ground_truth: str, verifier: str, timeout_s: float,
            think_end_token: str | None) -> float:
-    """The verifiers' part of ``grade``, one step after the other within ``timeout_s``."""
+    """The verifiers' part of ``grade``, one step after the other; no step starts past
+    ``timeout_s`` (the steps set no alarm of their own: ``grading_deadline`` bounds them all)."""
     deadline = time.monotonic() + timeout_s
     solution = _after_thinking(solution_str, think_end_token)
     gold = gold_answer(ground_truth)
     if verifier == "math_verify":
-        return math_verify_score(gold, extract_answer(solution, None), _seconds_left(deadline))
-    if deepscaler.deepscaler_correct(deepscaler.extract_boxed(solution), gold, _seconds_left(deadline)):
+        return math_verify_score(gold, extract_answer(solution, None), None)
+    if deepscaler.deepscaler_correct(deepscaler.extract_boxed(solution), gold, None):
         return 1.0
     if verifier == "deepscaler" or time.monotonic() >= deadline:
         return 0.0
-    return float(skywork_math_verify(solution, str(ground_truth), _seconds_left(deadline),
-                                     semantic=verifier == "either"))
+    return float(skywork_math_verify(solution, str(ground_truth), None, semantic=verifier == "either"))
 
 
 def load_verifiers(verifier: str = "either") -> None:
