@@ -31,6 +31,9 @@ from aspo_lit.stats import Stat, StatAccumulator
 from aspo_lit.step import StepOutput
 
 
+OLD_LOGPROBS = ("recompute", "sampler")
+
+
 class NonFiniteTrainingError(RuntimeError):
     """Raised after `max_nonfinite_steps` consecutive optimizer steps with a non-finite loss or grad norm."""
 
@@ -101,8 +104,28 @@ class ASPOModule(LightningModule):
         rollout_is_cap: truncated importance sampling against the sampler/trainer mismatch: each
             token's policy-gradient term is weighted by ``min(π_old / π_sampler, cap)`` (TRL's
             ``vllm_importance_sampling_correction``, verl's rollout IS); null (default) is off.
-            Needs the engine's log-probs (every rollout carries them).
+            Needs the engine's log-probs (every rollout carries them). Refused with
+            ``old_logprobs: sampler`` (the weight would be 1 on every token).
+        old_logprobs: where eq. 1's π_old comes from. ``recompute`` (default, the paper's
+            definition): the training policy's log-probs of the sampled tokens before the first
+            update, from a pass over the rollout batch (the first mini-batch's from the forward
+            of its own update, where π_θ = π_old: the same numbers, one forward fewer), with
+            their entropy. ``sampler`` (verl's ``bypass_mode``): the rollout engine's log-probs
+            (``batch.rollout_logprobs``), and no policy pass before the update. The ratio is then
+            π_θ / π_sampler: with the fp32 transformers engine the same policy up to its
+            numerics (log-probs within ~1e-4 of the trainer's); with a bf16 vLLM engine
+            another distribution, whose gap to the trainer the ratio then carries and clips
+            instead of measuring it (``rollout/*`` compare the sampler with the trainer on the
+            first mini-batch's tokens only). The entropy (``train/entropy``, the loss's
+            entropy-dependent ε) is then each token's entropy at its first update forward:
+            π_old's on the first mini-batch, π_θ after the optimizer steps before it on the
+            others (the authors' code takes this entropy from its update pass too); with one
+            epoch ``entropy/measured_change`` is then 0. The reference pass stays.
     """
+
+    #: the first mini-batch's old log-probs and entropy come from its own update forward (exact:
+    #: the pre-update pass computes those rows in the same micro-batches); off only to check that
+    reuse_first_update_forward: bool = True
 
     def __init__(
         self,
@@ -127,6 +150,7 @@ class ASPOModule(LightningModule):
         max_nonfinite_steps: int = 3,
         shuffle_mini_batches: bool = False,
         rollout_is_cap: float | None = None,
+        old_logprobs: str = "recompute",
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -233,22 +257,38 @@ class ASPOModule(LightningModule):
         return logprobs, entropy
 
     @torch.no_grad()
-    def _pre_update_pass(self, batch: RolloutBatch) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Old log-probs (recomputed by the training policy, as the paper's eq. 1 ratio needs), their
-        entropy, and the reference log-probs."""
+    def _pre_update_pass(self, batch: RolloutBatch, first_epoch: list[Tensor]) -> "PreUpdate":
+        """Old log-probs (recomputed by the training policy, as the paper's eq. 1 ratio needs, or
+        the sampler's: ``old_logprobs``), their entropy, and the reference log-probs.
+
+        Rows are computed mini-batch by mini-batch, in the micro-batches the first epoch's update
+        will use, so the rows left to that update (the first mini-batch's, with ``recompute``;
+        every row's entropy, with ``sampler``) get the numbers this pass would have given them.
+        """
         shape = batch.response_mask.shape
         device = batch.response_mask.device
-        old = torch.zeros(shape, dtype=torch.float32, device=device)
-        entropy = torch.zeros(shape, dtype=torch.float32, device=device)
-        ref = torch.zeros(shape, dtype=torch.float32, device=device) if self.ref_policy is not None else None
+        pre = PreUpdate.empty(shape, device, with_ref=self.ref_policy is not None)
+        if self.hparams.old_logprobs == "sampler":
+            if batch.rollout_logprobs is None:
+                raise ValueError("model.old_logprobs=sampler needs the rollout engine's log-probs, but this batch has none")
+            pre.old_logprobs.copy_(batch.rollout_logprobs)
+            pre.pending_entropy[:] = True
+            pre.trainer_rows[first_epoch[0]] = True
+            pre.trainer_logprobs = torch.zeros_like(pre.old_logprobs)
+        elif self.reuse_first_update_forward:
+            pre.pending_old[first_epoch[0]] = True
+            pre.pending_entropy[first_epoch[0]] = True
         was_training = self.policy.training
         self.policy.eval()
-        for rows in self._micro_batches(batch, torch.arange(shape[0], device=device)):
-            old[rows], entropy[rows] = self._logprobs(self.policy, batch, rows, with_entropy=True)
-            if ref is not None:
-                ref[rows] = self._logprobs(self.ref_policy, batch, rows, with_entropy=False)[0]
+        for rows in first_epoch:
+            for micro in self._micro_batches(batch, rows):
+                if not bool(pre.pending_old[micro].any() or pre.pending_entropy[micro].any()):
+                    pre.old_logprobs[micro], pre.entropy[micro] = self._logprobs(self.policy, batch, micro,
+                                                                                 with_entropy=True)
+                if pre.ref_logprobs is not None:
+                    pre.ref_logprobs[micro] = self._logprobs(self.ref_policy, batch, micro, with_entropy=False)[0]
         self.policy.train(was_training)
-        return old, entropy, ref
+        return pre
 
     def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> list[Tensor]:
         """`rows` split for forward/backward: by token budget (`max_tokens_per_micro_batch`, rows of
@@ -305,16 +345,16 @@ class ASPOModule(LightningModule):
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
 
+        minibatches = self._minibatch_plan(batch, batch_idx)
+        per_epoch = len(minibatches) // self.hparams.ppo_epochs
         t0 = time.perf_counter()
-        old_logprobs, entropy, ref_logprobs = self._pre_update_pass(batch)
+        pre = self._pre_update_pass(batch, minibatches[:per_epoch])
         t_old = time.perf_counter() - t0
-        advantages = self._loss_advantages(batch, old_logprobs)
 
         t0 = time.perf_counter()
-        record = UpdateRecord.before_update(old_logprobs, entropy, self.stat_reductions)
-        minibatches = self._minibatch_plan(batch, batch_idx)
+        record = UpdateRecord.before_update(pre.old_logprobs, pre.entropy, self.stat_reductions)
         for rows in minibatches:
-            self._update_minibatch(optimizer, batch, rows, old_logprobs, entropy, ref_logprobs, advantages, record)
+            self._update_minibatch(optimizer, batch, rows, pre, record)
         scheduler.step()  # once per rollout batch: warm-up is counted in rollout batches
         t_update = time.perf_counter() - t0
 
@@ -324,17 +364,17 @@ class ASPOModule(LightningModule):
         counts = {"train/updates_per_rollout": Stat.max(len(minibatches)),
                   "train/skipped_steps": Stat.max(record.skipped_steps)}
         timings = {"timing/old_logprob_s": t_old, "timing/update_s": t_update}
-        return self._step_output(batch, old_logprobs, entropy, record, counts, timings)
+        return self._step_output(batch, pre, record, counts, timings)
 
-    def _loss_advantages(self, batch: RolloutBatch, old_logprobs: Tensor) -> Tensor:
-        """The advantages the loss sees: ``[N]``, or ``[N, T]`` with each token's truncated
-        importance weight against the sampler (``rollout_is_cap``)."""
-        advantages = batch.advantages.float()
+    def _loss_advantages(self, batch: RolloutBatch, old_logprobs: Tensor, rows: Tensor) -> Tensor:
+        """The advantages the loss sees for ``rows``: ``[n]``, or ``[n, T]`` with each token's
+        truncated importance weight against the sampler (``rollout_is_cap``)."""
+        advantages = batch.advantages.float()[rows]
         if self.hparams.rollout_is_cap is None:
             return advantages
         if batch.rollout_logprobs is None:
             raise ValueError("model.rollout_is_cap needs the rollout engine's log-probs, but this batch has none")
-        weights = truncated_is_weights(old_logprobs, batch.rollout_logprobs, self.hparams.rollout_is_cap)
+        weights = truncated_is_weights(old_logprobs[rows], batch.rollout_logprobs[rows], self.hparams.rollout_is_cap)
         return advantages[:, None] * weights  # per-token advantage: each token's term x weight
 
     def _minibatch_plan(self, batch: RolloutBatch, batch_idx: int) -> list[Tensor]:
@@ -347,14 +387,16 @@ class ASPOModule(LightningModule):
         return [rows.to(device) for _ in range(self.hparams.ppo_epochs)
                 for rows in minibatch_rows(batch.input_ids.shape[0], rows_per_step, generator)]
 
-    def _update_minibatch(self, optimizer, batch: RolloutBatch, rows: Tensor, old_logprobs: Tensor, entropy: Tensor,
-                          ref_logprobs: Tensor | None, advantages: Tensor, record: "UpdateRecord") -> None:
+    def _update_minibatch(self, optimizer, batch: RolloutBatch, rows: Tensor, pre: "PreUpdate",
+                          record: "UpdateRecord") -> None:
         """One optimizer step on mini-batch ``rows``: forward/backward of each micro-batch, clip, step."""
         mask = batch.response_mask.float()
+        old_logprobs, entropy, ref_logprobs = pre.old_logprobs, pre.entropy, pre.ref_logprobs
         normalizer = self._global_normalizer(mask[rows])
         minibatch_loss, finite = 0.0, True
         for micro in self._micro_batches(batch, rows):
             logprobs, updated_entropy = self._logprobs(self.policy, batch, micro, with_entropy=True)
+            pre.fill_from_update(micro, logprobs.detach(), updated_entropy, record)
             inputs = [logprobs.detach(), old_logprobs[micro]] + ([ref_logprobs[micro]] if ref_logprobs is not None else [])
             if not all(bool(torch.isfinite(x).all()) for x in inputs):
                 # Never raise on one rank: the others would wait in the next collective.
@@ -362,8 +404,10 @@ class ASPOModule(LightningModule):
                 finite = False
                 self.manual_backward(logprobs.nan_to_num(0.0, 0.0, 0.0).sum() * 0.0)
                 continue
-            loss, policy_loss, stats = self._micro_batch_loss(logprobs, old_logprobs, ref_logprobs, advantages,
-                                                              mask, entropy, micro, normalizer)
+            advantages = self._loss_advantages(batch, old_logprobs, micro)
+            loss, policy_loss, stats = self._micro_batch_loss(logprobs, old_logprobs[micro],
+                                                              ref_logprobs[micro] if ref_logprobs is not None else None,
+                                                              advantages, mask[micro], entropy[micro], normalizer)
             self.manual_backward(loss)
             minibatch_loss += float(policy_loss)
             finite &= bool(torch.isfinite(loss.detach()))
@@ -371,7 +415,7 @@ class ASPOModule(LightningModule):
             record.at_last_update(micro, logprobs.detach(), updated_entropy,
                                   self.loss_fn.ratio(logprobs, old_logprobs[micro], mask[micro]),
                                   effective_token_weight(self.loss_fn, logprobs.detach(), old_logprobs[micro],
-                                                         advantages[micro], mask[micro], entropy=entropy[micro]))
+                                                         advantages, mask[micro], entropy=entropy[micro]))
         grad_norm = self._clip_and_step(optimizer, finite)
         stepped = math.isfinite(grad_norm)
         # this rank's share of the mini-batch loss (the sum of its micro-batch terms; the mean over
@@ -380,11 +424,12 @@ class ASPOModule(LightningModule):
         record.stats.add("train/grad_norm", Stat.mean(grad_norm, weight=float(stepped)))
         record.skipped_steps += int(not stepped)
 
-    def _step_output(self, batch: RolloutBatch, old_logprobs: Tensor, entropy: Tensor, record: "UpdateRecord",
+    def _step_output(self, batch: RolloutBatch, pre: "PreUpdate", record: "UpdateRecord",
                      counts: dict[str, Stat], timings: dict[str, float]) -> StepOutput:
         mask = batch.response_mask.float()
+        old_logprobs, entropy = pre.old_logprobs, pre.entropy
         stats = {**record.stats.result(), **counts}
-        stats.update(mismatch_stats(old_logprobs, batch.rollout_logprobs, mask))
+        stats.update(pre.mismatch_stats(batch, mask))
         stats.update({_metric_name(k, "batch"): v if isinstance(v, Stat) else Stat.mean(v) for k, v in batch.stats.items()})
         stats.update({_metric_name(k, "timing"): Stat.max(v) for k, v in {**batch.timings, **timings}.items()})
         return StepOutput(
@@ -403,20 +448,19 @@ class ASPOModule(LightningModule):
             stats=dict(sorted(stats.items())),  # one order on every rank
         )
 
-    def _micro_batch_loss(self, logprobs, old_logprobs, ref_logprobs, advantages, mask, entropy, micro, normalizer):
-        """Loss of one micro-batch, normalised by the whole mini-batch's `normalizer`: the policy
-        loss + beta * KL, the policy loss alone, and the statistics (the loss's, and ``train/kl``)."""
-        policy_loss, stats = self.loss_fn(
-            logprobs, old_logprobs[micro], advantages[micro], mask[micro],
-            entropy=entropy[micro], normalizer=normalizer,
-        )
+    def _micro_batch_loss(self, logprobs, old_logprobs, ref_logprobs, advantages, mask, entropy, normalizer):
+        """Loss of one micro-batch (its rows of every input), normalised by the whole mini-batch's
+        `normalizer`: the policy loss + beta * KL, the policy loss alone, and the statistics (the
+        loss's, and ``train/kl``)."""
+        policy_loss, stats = self.loss_fn(logprobs, old_logprobs, advantages, mask, entropy=entropy,
+                                          normalizer=normalizer)
         loss = policy_loss
         if ref_logprobs is not None:
-            kl = kl_penalty(logprobs, ref_logprobs[micro], kind=self.hparams.kl_kind)
-            kl_term = aggregate(kl, mask[micro], self.loss_fn.loss_agg, normalizer=normalizer,
+            kl = kl_penalty(logprobs, ref_logprobs, kind=self.hparams.kl_kind)
+            kl_term = aggregate(kl, mask, self.loss_fn.loss_agg, normalizer=normalizer,
                                 norm_length=getattr(self.loss_fn, "norm_length", None))
             loss = loss + self.hparams.kl_coef * kl_term
-            stats = {**stats, "train/kl": Stat.mean_over(kl, where=mask[micro])}
+            stats = {**stats, "train/kl": Stat.mean_over(kl, where=mask)}
         return loss, policy_loss.detach(), stats
 
     def _all_ranks_finite(self, finite: bool) -> bool:
@@ -489,6 +533,50 @@ class ASPOModule(LightningModule):
 
 
 @dataclass
+class PreUpdate:
+    """What the update starts from: π_old's log-probs and entropy, the reference log-probs, and
+    which rows' old log-probs (``pending_old``) or entropy (``pending_entropy``) are left to the
+    first update forward that computes them (`ASPOModule._pre_update_pass`). With the sampler's
+    old log-probs, ``trainer_logprobs`` keeps the trainer's own on the ``trainer_rows`` (the first
+    mini-batch's, where π_θ = π_old), for ``rollout/*``."""
+
+    old_logprobs: Tensor
+    entropy: Tensor
+    ref_logprobs: Tensor | None
+    pending_old: Tensor  # [N] bool
+    pending_entropy: Tensor  # [N] bool
+    trainer_rows: Tensor  # [N] bool
+    trainer_logprobs: Tensor | None = None
+
+    @classmethod
+    def empty(cls, shape: tuple[int, int], device, with_ref: bool) -> "PreUpdate":
+        zeros = lambda: torch.zeros(shape, dtype=torch.float32, device=device)  # noqa: E731
+        flags = lambda: torch.zeros(shape[0], dtype=torch.bool, device=device)  # noqa: E731
+        return cls(zeros(), zeros(), zeros() if with_ref else None, flags(), flags(), flags())
+
+    def fill_from_update(self, rows: Tensor, logprobs: Tensor, entropy: Tensor, record: "UpdateRecord") -> None:
+        """Take the pending old log-probs / entropy of ``rows`` from this update forward (their first
+        visit, before the optimizer step that follows it)."""
+        if bool(self.pending_old[rows].any()):
+            self.old_logprobs[rows] = logprobs
+            record.logprobs[rows] = logprobs
+            self.pending_old[rows] = False
+        if bool(self.pending_entropy[rows].any()):
+            self.entropy[rows] = entropy
+            record.entropy[rows] = entropy
+            self.pending_entropy[rows] = False
+            if self.trainer_logprobs is not None and bool(self.trainer_rows[rows].all()):
+                self.trainer_logprobs[rows] = logprobs
+
+    def mismatch_stats(self, batch: RolloutBatch, mask: Tensor) -> dict[str, Stat]:
+        """``rollout/*``: the sampler's log-probs against the trainer's π_old, on every response
+        token, or (old log-probs from the sampler) on the first mini-batch's only."""
+        if self.trainer_logprobs is None:
+            return mismatch_stats(self.old_logprobs, batch.rollout_logprobs, mask)
+        return mismatch_stats(self.trainer_logprobs, batch.rollout_logprobs, mask * self.trainer_rows[:, None])
+
+
+@dataclass
 class UpdateRecord:
     """What the update leaves: each token's log-prob, ratio, entropy and effective weight at its
     last update (`StepOutput`), and the pieces of the step's statistics."""
@@ -529,6 +617,12 @@ def _validate_hparams(args: dict[str, Any]) -> None:
     cap = args["rollout_is_cap"]
     if cap is not None and not cap > 0:
         raise ValueError(f"model.rollout_is_cap must be > 0 or null, got {cap!r}")
+    if args["old_logprobs"] not in OLD_LOGPROBS:
+        raise ValueError(f"model.old_logprobs must be one of {', '.join(OLD_LOGPROBS)}, got {args['old_logprobs']!r}")
+    if args["old_logprobs"] == "sampler" and cap is not None:
+        raise ValueError("model.rollout_is_cap weighs each token by min(π_old / π_sampler, cap), which is 1 when "
+                         "model.old_logprobs=sampler takes π_old from the sampler: set rollout_is_cap: null, or "
+                         "old_logprobs: recompute")
     if budget is not None and (not isinstance(budget, int) or budget < 1):
         raise ValueError(f"model.max_tokens_per_micro_batch must be a positive integer or null, got {budget!r}")
     for key in ("lr", "max_grad_norm", "temperature"):

@@ -32,10 +32,13 @@ What makes the two loops equal work:
   from the same generated training rows, the same reward (``MathVerifyReward``: the grader
   the DataModule uses, one instance per run), sampling at the config's temperature / top-p with
   no top-k, and the same maximum number of new tokens;
-* per rollout batch: 128 responses generated with transformers' ``generate`` and the KV cache,
-  one old-log-prob pass of the policy over them (TRL computes it too, since its 4 optimizer steps
-  per generation make every step after the first off-policy: ``steps_per_generation=4 >
-  gradient_accumulation_steps=1``), one reference-model pass, then 4 optimizer steps of 32
+* per rollout batch: 128 responses sampled with the KV cache (TRL: transformers' ``generate``;
+  aspo-lit: its engine's sampling loop, ``aspo_lit/rollout/decode.py``, the same samples as
+  ``generate`` with one prefill per prompt and finished rows out of the batch), the policy's old
+  log-probs (TRL computes them too, since its 4 optimizer steps per generation make every step
+  after the first off-policy: ``steps_per_generation=4 > gradient_accumulation_steps=1``;
+  aspo-lit takes the first mini-batch's from its own update forward, where π_old = π_θ), one
+  reference-model pass, then 4 optimizer steps of 32
   responses each with one forward/backward per step (aspo-lit's token budget puts each
   mini-batch in one micro-batch), clipped-ratio loss with eps 0.2, per-sequence token mean
   (aspo-lit ``seq-mean-token-mean`` = TRL ``loss_type="grpo"``), k3 KL to the reference with the

@@ -7,7 +7,9 @@ Runs ``fit`` in this process with one extra callback. At the start of every roll
 the first, on the batch the step is about to train on (the model untouched), it times - in turn,
 `--repeats` times, so load changes hit each alike - the passes the old-log-prob stage is made of:
 
-* ``old pass``: the module's own pre-update pass (policy log-probs + entropy, reference log-probs);
+* ``old pass``: the module's own pre-update pass (policy log-probs + entropy, reference log-probs;
+  the first mini-batch's policy rows are left to its update forward, ``model.old_logprobs:
+  sampler`` leaves all of them);
 * ``policy + entropy``, ``policy only``, ``reference``: the same micro-batches, one model each;
 * ``first mini-batch forward``: the training forward of the first optimizer step's rows.
 
@@ -57,10 +59,10 @@ class StepParts(Callback):
         self._last_end: float | None = None
 
     @torch.no_grad()
-    def _pass(self, module, batch, model, with_entropy: bool) -> None:
-        rows = torch.arange(batch.response_mask.shape[0])
-        for micro in module._micro_batches(batch, rows):
-            module._logprobs(model, batch, micro, with_entropy=with_entropy)
+    def _pass(self, module, batch, model, with_entropy: bool, epoch) -> None:
+        for rows in epoch:  # the micro-batches of the module's pre-update pass
+            for micro in module._micro_batches(batch, rows):
+                module._logprobs(model, batch, micro, with_entropy=with_entropy)
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
         if batch_idx == 0:
@@ -69,26 +71,27 @@ class StepParts(Callback):
         from aspo_lit.module import minibatch_rows, rows_per_minibatch
 
         policy, ref = module.policy, module.ref_policy
-        first = minibatch_rows(batch.input_ids.shape[0],
+        epoch = minibatch_rows(batch.input_ids.shape[0],
                                rows_per_minibatch(module.hparams.mini_batch_size, batch.group_size,
-                                                  trainer.world_size))[0]
+                                                  trainer.world_size))
+        first = epoch[0]
 
         def old_pass():
-            module._pre_update_pass(batch)
+            module._pre_update_pass(batch, epoch)
 
         def policy_entropy():
             policy.eval()
-            self._pass(module, batch, policy, True)
+            self._pass(module, batch, policy, True, epoch)
             policy.train()
 
         def policy_only():
             policy.eval()
-            self._pass(module, batch, policy, False)
+            self._pass(module, batch, policy, False, epoch)
             policy.train()
 
         def reference():
             if ref is not None:
-                self._pass(module, batch, ref, False)
+                self._pass(module, batch, ref, False, epoch)
 
         def first_forward():
             for micro in module._micro_batches(batch, first):
@@ -103,7 +106,10 @@ class StepParts(Callback):
                 fn()
                 seconds[name].append(time.perf_counter() - t0)
 
-        old, _, _ = module._pre_update_pass(batch)
+        was = module.reuse_first_update_forward
+        module.reuse_first_update_forward = False  # every row's old log-prob from the pass itself
+        old = module._pre_update_pass(batch, epoch).old_logprobs
+        module.reuse_first_update_forward = was
         mask = batch.response_mask
         record: dict[str, Any] = {"batch": batch_idx, **{k: statistics.median(v) for k, v in seconds.items()}}
         if batch.rollout_logprobs is not None:
@@ -120,7 +126,8 @@ class StepParts(Callback):
         now = time.perf_counter()
         if self._last_end is not None and self.records and self.records[-1]["batch"] == batch_idx:
             self.records[-1]["wall_s"] = now - self._last_end - self._own_s
-            self.records[-1].update({k: v for k, v in (outputs or {}).get("timings", {}).items()})
+            stats = getattr(outputs, "stats", {})  # StepOutput: timing/* are Stat values
+            self.records[-1].update({k: float(v.value) for k, v in stats.items() if k.startswith("timing/")})
         self._own_s = 0.0
         self._last_end = time.perf_counter()
 

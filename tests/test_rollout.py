@@ -342,6 +342,52 @@ def test_hf_growing_kv_cache_samples_the_same_bits(tiny_model_dir, monkeypatch):
         [(c.token_ids, c.logprobs) for g in default for c in g]
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread: MKL then gives a row of a matrix product the same bits whatever the
+    product's height (>= 3 rows), which the lean loop's exactness rests on (rollout/decode.py)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("kind", ["sample", "tempered top-p", "raw log-probs", "greedy", "stop string"])
+def test_hf_lean_decoding_samples_generate_bits(tiny_model_dir, one_thread, kind):
+    """The engine's own sampling loop (rollout/decode.py: one prefill per distinct prompt, finished
+    rows out of the batch) gives transformers' `generate`'s tokens, log-probs, texts and finish
+    reasons bit for bit, with the random stream of `torch.multinomial`."""
+    policy, tok = _load(tiny_model_dir)
+    with torch.no_grad():  # EOS likelier, so rows finish at many different steps
+        policy.lm_head.weight[tok.eos_token_id] *= 1.5
+    sampling = {"sample": SamplingConfig(max_tokens=30, seed=1, logprobs=True),
+                "tempered top-p": SamplingConfig(max_tokens=30, seed=2, temperature=0.7, top_p=0.9, logprobs=True),
+                "raw log-probs": SamplingConfig(max_tokens=30, seed=3, temperature=0.7, logprobs=True),
+                "greedy": SamplingConfig(max_tokens=30, temperature=0.0, logprobs=True),
+                "stop string": SamplingConfig(max_tokens=30, seed=4, stop=["e"], logprobs=True)}[kind]
+    ids = [tok(p)["input_ids"] for p in ("2+2=", "question: 7-3 is what?", "the dog")]  # padded to 23
+    outputs = {}
+    for decode in ("lean", "generate"):
+        engine = HFEngine(max_batch_size=16, decode=decode, logprobs_mode="raw" if kind == "raw log-probs" else "processed")
+        engine.attach(policy, tok, str(tiny_model_dir))
+        rows_per_forward: list[int] = []
+        hook = policy.register_forward_pre_hook(
+            lambda module, args, kwargs: rows_per_forward.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+        try:
+            # 18 rows: a call of 16 (two prompts' 6 samples and 4 of the third), then one of 2
+            out = engine.generate(ids, n=6, sampling=sampling)
+        finally:
+            hook.remove()
+        outputs[decode] = [(c.token_ids, c.logprobs, c.text, c.finish_reason) for g in out for c in g]
+        if decode == "lean":
+            assert rows_per_forward[0] == 4, "the first call's prefill computes its 3 prompts (+1 row: 4 at least)"
+            assert min(rows_per_forward[1:]) < 16 or kind == "greedy", "no finished row ever left the batch"
+    lengths = {len(t) for t, *_ in outputs["generate"]}
+    if kind != "greedy":
+        assert len(lengths) > 5 and {"stop", "length"} <= {r for *_, r in outputs["generate"]}
+    assert outputs["lean"] == outputs["generate"]
+
+
 def test_build_engine(monkeypatch):
     monkeypatch.delenv("ASPO_LIT_ENGINE", raising=False)
     e = HFEngine()

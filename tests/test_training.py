@@ -70,23 +70,118 @@ def test_same_seed_same_metrics(testbed, tmp_path):
     assert deterministic_part(read_metrics(tmp_path / "c")) != first
 
 
-def test_exact_speedups_keep_the_metrics(testbed, tmp_path, monkeypatch):
-    """The speed-ups that claim exactness give today's metrics bit for bit: here the rollout
-    engine's in-place KV cache (aspo_lit/rollout/kv_cache.py; in its buffer from the prompt on,
-    where the demo's short answers would stay below its 128-position start) against
-    transformers' own cache."""
-    from aspo_lit.rollout import kv_cache
+@pytest.fixture
+def one_thread():
+    """One torch thread: the lean sampling loop gives `generate`'s bits there (rollout/decode.py)."""
+    import torch
 
-    calls = []
-    real = kv_cache.growing_kv_cache
-    monkeypatch.setattr(kv_cache, "growing_kv_cache",
-                        lambda model, limit: calls.append(1) or real(model, limit, start=16))
-    assert main(fit_args(testbed, tmp_path, "fast", 4)) == 0
-    assert calls, "the engine did not use the in-place KV cache"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_exact_speedups_keep_the_metrics(testbed, tmp_path, monkeypatch, one_thread):
+    """The speed-ups that claim exactness give the same metrics bit for bit, over two PPO epochs of
+    shuffled mini-batches: the rollout engine's in-place KV cache (aspo_lit/rollout/kv_cache.py;
+    in its buffer from the prompt on, where the demo's short answers would stay below its
+    128-position start) against transformers' own cache, the engine's sampling loop
+    (rollout/decode.py) against transformers' `generate`, and the first mini-batch's old
+    log-probs and entropy taken from its own update forward against a pre-update pass that
+    computes them."""
+    from aspo_lit.module import ASPOModule, PreUpdate
+    from aspo_lit.rollout import HFEngine, kv_cache
+
+    calls = {"cache": 0, "lean": 0, "reused": 0}
+    real_cache, real_fill = kv_cache.growing_kv_cache, PreUpdate.fill_from_update
+    real_sample = __import__("aspo_lit.rollout.decode", fromlist=["sample_rows"]).sample_rows
+
+    def counting(key, fn):
+        def wrapped(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    def fill(pre, rows, *args):
+        calls["reused"] += int(pre.pending_old[rows].all())
+        return real_fill(pre, rows, *args)
+
+    monkeypatch.setattr(kv_cache, "growing_kv_cache", counting("cache", lambda model, limit: real_cache(model, limit, start=16)))
+    monkeypatch.setattr("aspo_lit.rollout.decode.sample_rows", counting("lean", real_sample))
+    monkeypatch.setattr(PreUpdate, "fill_from_update", fill)
+    epochs = ("--model.ppo_epochs=2", "--model.shuffle_mini_batches=true")
+    assert main(fit_args(testbed, tmp_path, "fast", 8, *epochs)) == 0
+    assert calls["cache"] and calls["lean"] and calls["reused"] == 2, calls  # one first mini-batch per rollout batch
+
     monkeypatch.setattr(kv_cache, "growing_kv_cache", lambda *a: None)
-    assert main(fit_args(testbed, tmp_path, "plain", 4)) == 0
+    monkeypatch.setattr(HFEngine.__init__, "__defaults__", _with_default(HFEngine.__init__, decode="generate"))
+    monkeypatch.setattr(ASPOModule, "reuse_first_update_forward", False)
+    calls.update(lean=0, reused=0)
+    assert main(fit_args(testbed, tmp_path, "plain", 8, *epochs)) == 0
+    assert calls["lean"] == 0 and calls["reused"] == 0
     fast, plain = (deterministic_part(read_metrics(tmp_path / n)) for n in ("fast", "plain"))
     assert len(fast) == 2 and fast == plain
+
+
+def _with_default(function, **changes) -> tuple:
+    """`function.__defaults__` with the named keyword defaults changed."""
+    import inspect
+
+    params = [p for p in inspect.signature(function).parameters.values() if p.default is not inspect.Parameter.empty]
+    return tuple(changes.get(p.name, p.default) for p in params)
+
+
+def test_sampler_old_logprobs_match_recompute_up_to_the_engine_gap(testbed, tmp_path, monkeypatch):
+    """`model.old_logprobs: sampler` skips the policy pass before the update (the reference pass
+    stays) and gives `recompute`'s first-step metrics up to the sampler/trainer gap: the fp32
+    transformers engine computes its log-probs in prefill and one-token steps (other matmul
+    shapes than the trainer's forward), so π_old differs in the last bits (rollout/logprob_diff_max
+    < 1e-4 here) and the ratios, losses and gradient with it, far inside rel 1e-3. The entropy is
+    then each token's entropy at its (only) update forward: recompute's entropy after the update,
+    `train/entropy + entropy/measured_change`."""
+    import torch
+
+    from aspo_lit.module import ASPOModule
+
+    policy_passes = []
+    real = ASPOModule._logprobs
+
+    def logprobs(module, model, *args, **kwargs):
+        policy_passes.append(model is module.policy and not torch.is_grad_enabled())
+        return real(module, model, *args, **kwargs)
+
+    monkeypatch.setattr(ASPOModule, "_logprobs", logprobs)
+    assert main(fit_args(testbed, tmp_path, "recompute", 2)) == 0
+    assert any(policy_passes)
+    policy_passes.clear()
+    assert main(fit_args(testbed, tmp_path, "sampler", 2, "--model.old_logprobs=sampler")) == 0
+    assert policy_passes and not any(policy_passes), "a policy pass ran before the update"
+    (recompute,), (sampler,) = (deterministic_part(read_metrics(tmp_path / n)).values() for n in ("recompute", "sampler"))
+    assert recompute["rollout/logprob_diff_max"] < 1e-4
+    assert 0 < sampler["rollout/logprob_diff_max"] < 1e-4  # measured on the first mini-batch's tokens
+    assert sampler["entropy/measured_change"] == 0.0
+    assert sampler["train/entropy"] == pytest.approx(recompute["train/entropy"] + recompute["entropy/measured_change"],
+                                                     rel=1e-4)
+    exact = {k for k in recompute if k.startswith(("batch/", "train/reward", "response/"))}
+    assert exact and all(sampler[k] == recompute[k] for k in exact)  # the same samples
+    # the first mini-batch's ratio is π_θ / π_sampler, 1 only up to the gap: more tokens "moved"
+    assert sampler["ratio/off_policy_share"] >= recompute["ratio/off_policy_share"]
+    close = {k for k in recompute if k.startswith(("train/", "ratio/", "clip/"))} - exact - {
+        "train/entropy", "ratio/off_policy_share"}
+    assert {"train/pg_loss", "train/kl", "train/grad_norm", "ratio/pos_mean"} <= close
+    # each term is linear in a ratio that moves by at most exp(gap) - 1 ≈ gap: |Δ| ≤ max|A|·gap
+    gap = max(recompute["rollout/logprob_diff_max"], sampler["rollout/logprob_diff_max"])
+    for key in close:
+        assert sampler[key] == pytest.approx(recompute[key], rel=1e-3, abs=2 * gap), key
+
+
+def test_sampler_old_logprobs_refuse_rollout_is_cap():
+    from aspo_lit.module import ASPOModule
+
+    with pytest.raises(ValueError, match="rollout_is_cap"):
+        ASPOModule(model_name_or_path="testbed", old_logprobs="sampler", rollout_is_cap=2.0)
+    with pytest.raises(ValueError, match="old_logprobs must be one of recompute, sampler"):
+        ASPOModule(model_name_or_path="testbed", old_logprobs="engine")
 
 
 def _launch(args: list[str], cwd: Path) -> subprocess.Popen:

@@ -10,8 +10,12 @@ Sampling is plain ancestral sampling: the model's own ``generation_config`` (top
 penalty, min_p, ...) is ignored; only ``SamplingConfig``'s temperature / top_p apply, as in the
 vLLM engine. Rows are left-padded (position ids follow the attention mask, so a padded row sees
 the same positions as an unpadded one). The KV cache is ``kv_cache.growing_kv_cache``: written in
-place rather than re-concatenated at every step, with the same samples bit for bit. See ``base``
-for the ``Completion`` semantics.
+place rather than re-concatenated at every step, with the same samples bit for bit. On CPU the
+sampling loop is ``decode.sample_rows`` (``decode="lean"``, the default): ``generate``'s sampling
+with one prefill per distinct prompt and finished rows out of the batch, the same samples as
+``generate`` (bit for bit with one torch thread; see ``decode``); ``decode="generate"`` runs
+transformers' ``generate``, which also serves every case the loop does not cover (a sharded
+policy, another device, other cache layers). See ``base`` for the ``Completion`` semantics.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from .base import LOGPROBS_MODES, Completion, RolloutEngine, SamplingConfig, nam
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HFEngine"]
+__all__ = ["HFEngine", "DECODE_MODES"]
+
+DECODE_MODES = ("lean", "generate")
 
 
 def _is_sharded(model: Any) -> bool:
@@ -122,6 +128,8 @@ class HFEngine(RolloutEngine):
             ``processed_logprobs`` gives) or ``"raw"`` (the unmodified model).
         dtype: dtype of a model this engine loads itself from ``model_path``.
         device: device of a model this engine loads itself (default: cuda if available).
+        decode: ``"lean"`` (``decode.sample_rows`` where it applies, else ``generate``) or
+            ``"generate"`` (always transformers' ``generate``).
     """
 
     name = "hf"
@@ -133,10 +141,14 @@ class HFEngine(RolloutEngine):
         logprobs_mode: str = "processed",
         dtype: str | torch.dtype | None = None,
         device: str | torch.device | None = None,
+        decode: str = "lean",
     ) -> None:
         super().__init__()
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+        self.decode = decode
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         self.max_batch_size = int(max_batch_size)
@@ -278,9 +290,10 @@ class HFEngine(RolloutEngine):
         )
 
     def _generate_rows(self, rows: list[list[int]], sampling: SamplingConfig, device: torch.device) -> list[Completion]:
-        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+        from transformers.cache_utils import DynamicCache
         from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
+        from .decode import lean_decoding_applies, sample_rows
         from .kv_cache import growing_kv_cache
 
         B = len(rows)
@@ -310,27 +323,23 @@ class HFEngine(RolloutEngine):
         stopper = _StopOnStrings(sampling.stop, self.tokenizer, P) if sampling.stop else None
 
         model = self.model
-        saved_gen_config = getattr(model, "generation_config", None)
-        # generate() fills unset fields from model.generation_config (top_k, min_p, penalties, ...
-        # of the checkpoint): swap in a neutral one for the call.
-        model.generation_config = GenerationConfig()
-        try:
-            result = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                past_key_values=growing_kv_cache(model, P + int(sampling.max_tokens)),
-                generation_config=self._generation_config(sampling),
-                logits_processor=LogitsProcessorList(processors),
-                stopping_criteria=StoppingCriteriaList([stopper]) if stopper is not None else None,
-                # An FSDP-sharded policy all-gathers in every forward: ranks must keep stepping
-                # together until all of them are done (as with ZeRO-3).
-                synced_gpus=_is_sharded(model),
-            )
-        finally:
-            model.generation_config = saved_gen_config
-        sequences = result.sequences if hasattr(result, "sequences") else result
-        logprobs = recorder.finish(sequences) if recorder is not None else None
-        responses = sequences[:, P:].tolist()
+        cache = growing_kv_cache(model, P + int(sampling.max_tokens))
+        # An FSDP-sharded policy all-gathers in every forward: ranks must keep stepping together
+        # until all of them are done (as with ZeRO-3); generate() does that (synced_gpus).
+        sharded = _is_sharded(model)
+        lean_cache = cache if cache is not None else DynamicCache(config=model.config)
+        if self.decode == "lean" and lean_decoding_applies(model, lean_cache, sharded):
+            greedy = not sampling.temperature > 0
+            result = sample_rows(
+                model, input_ids, attention_mask, lean_cache, max_new_tokens=int(sampling.max_tokens),
+                eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                warpers=[p for p in processors if p is not recorder], greedy=greedy,
+                logprobs=self.logprobs_mode if sampling.logprobs else None, stop=stopper)
+            responses = result.tokens.tolist()
+            logprobs = result.logprobs.cpu() if result.logprobs is not None else None
+        else:
+            responses, logprobs = self._generate_with_transformers(model, input_ids, attention_mask, cache, sampling,
+                                                                   processors, recorder, stopper, sharded, P)
 
         eos = set(self.eos_token_ids)
         completions = []
@@ -359,6 +368,31 @@ class HFEngine(RolloutEngine):
                 )
             )
         return completions
+
+    def _generate_with_transformers(self, model, input_ids, attention_mask, cache, sampling: SamplingConfig,
+                                    processors, recorder, stopper, sharded: bool, prompt_len: int):
+        """Response token lists and log-probs ``[B, L]`` (or None) from transformers' ``generate``."""
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        saved_gen_config = getattr(model, "generation_config", None)
+        # generate() fills unset fields from model.generation_config (top_k, min_p, penalties, ...
+        # of the checkpoint): swap in a neutral one for the call.
+        model.generation_config = GenerationConfig()
+        try:
+            result = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                generation_config=self._generation_config(sampling),
+                logits_processor=LogitsProcessorList(processors),
+                stopping_criteria=StoppingCriteriaList([stopper]) if stopper is not None else None,
+                synced_gpus=sharded,
+            )
+        finally:
+            model.generation_config = saved_gen_config
+        sequences = result.sequences if hasattr(result, "sequences") else result
+        logprobs = recorder.finish(sequences) if recorder is not None else None
+        return sequences[:, prompt_len:].tolist(), logprobs
 
     def close(self) -> None:
         if not self.shares_policy:
