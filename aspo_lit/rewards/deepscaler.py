@@ -25,8 +25,8 @@ verdict DeepScaleR reaches differently when it finishes):
 * an expression is parsed unevaluated first, and one whose exact value could exceed
   ``MAX_RESULT_DIGITS`` digits (a tower such as ``((9^9)^9)^9...``, a factorial of a big number:
   big-integer arithmetic in C, where no signal lands) is not evaluated;
-* ``deepscaler_correct(..., seconds)`` runs under a ``signal.alarm`` of ``seconds`` (main thread
-  only; elsewhere ``aspo_lit.rewards.pool`` bounds the call from outside).
+* ``deepscaler_correct`` is bounded from outside: ``aspo_lit.rewards.math.grading_deadline`` in a
+  main thread, ``aspo_lit.rewards.pool`` elsewhere.
 """
 
 from __future__ import annotations
@@ -388,19 +388,17 @@ def _grade(answer: str, gold: str) -> bool:
     return grade_answer_mathd(answer, gold) or grade_answer_sympy(answer, gold)
 
 
-def deepscaler_correct(answer: str | None, gold: str, seconds: int | None = None) -> bool:
+def deepscaler_correct(answer: str | None, gold: str) -> bool:
     """DeepScaleR's verdict on an extracted answer, never raising: False for no answer, an answer
-    or gold over the size limits, an error, or a run past ``seconds`` (``signal.alarm``: give
-    seconds only in the main thread)."""
+    or gold over the size limits, an error, or a timeout raised by the caller's deadline."""
     if answer is None or not gold.strip():
         return False
     if too_risky(answer) or too_risky(gold):
         return False
     from math_verify.errors import TimeoutException
-    from math_verify.utils import timeout
 
     try:
-        return bool(timeout(timeout_seconds=seconds)(_grade)(answer, gold))
+        return bool(_grade(answer, gold))
     except (Exception, TimeoutException):  # noqa: BLE001 - a grader returns a verdict, never raises
         logger.debug("DeepScaleR grading failed", exc_info=True)
         return False

@@ -199,29 +199,29 @@ def load_math_verify():
     return math_verify, config, TimeoutException
 
 
-def _parse(content: str, seconds: int | None) -> list:
+def _parse(content: str) -> list:
     """math-verify parse of ``\\boxed{content}`` (answers and golds go through the same call).
 
     ``raise_on_error``: a timeout raises instead of returning ``[]``, so that it is never cached.
     """
     mv, config, _ = load_math_verify()
-    return mv.parse("\\boxed{" + content + "}", extraction_config=config, parsing_timeout=seconds,
+    return mv.parse("\\boxed{" + content + "}", extraction_config=config, parsing_timeout=None,
                     raise_on_error=True)
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse_gold(content: str, seconds: int | None) -> tuple:
+def _parse_gold(content: str) -> tuple:
     """Gold parses are cached: a group's G samples share one gold."""
-    return tuple(_parse(content, seconds))
+    return tuple(_parse(content))
 
 
-def math_verify_score(gold: str, answer: str, seconds: int | None) -> float:
+def math_verify_score(gold: str, answer: str) -> float:
     """math-verify's verdict as 1.0 / 0.0; a timeout or malformed LaTeX scores 0."""
     mv, _, timeout_exception = load_math_verify()
     try:
-        gold_parsed = list(_parse_gold(gold, seconds))
-        pred = _parse(answer, seconds)
-        return float(bool(gold_parsed and pred and mv.verify(gold_parsed, pred, timeout_seconds=seconds)))
+        gold_parsed = list(_parse_gold(gold))
+        pred = _parse(answer)
+        return float(bool(gold_parsed and pred and mv.verify(gold_parsed, pred, timeout_seconds=None)))
     except (Exception, timeout_exception):  # noqa: BLE001 - malformed LaTeX must score 0, not crash
         logger.debug("grading failed", exc_info=True)
         return 0.0
@@ -292,4 +292,4 @@ def compute_score(
     quick = shortcut_score(answer, gold, fast_path)
     if quick is not None:
         return quick
-    return bounded_in_main_thread(math_verify_score, timeout_s, gold, answer, None)
+    return bounded_in_main_thread(math_verify_score, timeout_s, gold, answer)

@@ -67,21 +67,21 @@ def quick_score(text: str, gold: str, verifier: str, think_end_token: str | None
     return None if solution.strip() else 0.0  # math-verify's step reads unboxed answers too
 
 
-def skywork_math_verify(solution: str, gold: str, seconds: int | None, semantic: bool = True) -> bool:
+def skywork_math_verify(solution: str, gold: str, semantic: bool = True) -> bool:
     """Skywork-OR1's ``math_verify_reward_function``: math-verify's default ``parse`` of the whole
     ``solution``; correct when the extracted string is ``gold``, else (``semantic``) when
     ``verify(parse("\\\\boxed{gold}"), parsed)`` holds. Never raises; a timeout is not correct."""
     mv, _, timeout_exception = load_math_verify()
     try:
-        parsed = mv.parse(solution, parsing_timeout=seconds, raise_on_error=True)
+        parsed = mv.parse(solution, parsing_timeout=None, raise_on_error=True)
         if len(parsed) < 2:
             return False
         if parsed[1] == gold:
             return True
         if not semantic:
             return False
-        gold_parsed = mv.parse(f"\\boxed{{{gold}}}", parsing_timeout=seconds, raise_on_error=True)
-        return bool(mv.verify(gold_parsed, parsed, timeout_seconds=seconds, raise_on_error=True))
+        gold_parsed = mv.parse(f"\\boxed{{{gold}}}", parsing_timeout=None, raise_on_error=True)
+        return bool(mv.verify(gold_parsed, parsed, timeout_seconds=None, raise_on_error=True))
     except (Exception, timeout_exception):  # noqa: BLE001 - malformed or timed out: not correct
         return False
 
@@ -108,12 +108,12 @@ def _grade(solution_str: str, ground_truth: str, verifier: str, timeout_s: float
     solution = _after_thinking(solution_str, think_end_token)
     gold = gold_answer(ground_truth)
     if verifier == "math_verify":
-        return math_verify_score(gold, extract_answer(solution, None), None)
-    if deepscaler.deepscaler_correct(deepscaler.extract_boxed(solution), gold, None):
+        return math_verify_score(gold, extract_answer(solution, None))
+    if deepscaler.deepscaler_correct(deepscaler.extract_boxed(solution), gold):
         return 1.0
     if verifier == "deepscaler" or time.monotonic() >= deadline:
         return 0.0
-    return float(skywork_math_verify(solution, str(ground_truth), None, semantic=verifier == "either"))
+    return float(skywork_math_verify(solution, str(ground_truth), semantic=verifier == "either"))
 
 
 def load_verifiers(verifier: str = "either") -> None:
