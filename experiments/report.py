@@ -45,6 +45,9 @@ PAPER_TABLE4_AVG = {"grpo": 61.6, "grpo_no_is": 63.5, "grpo_pos_mean": 64.0}
 ACCURACY = "val/avg@K"  # placeholder resolved to the runs' val/avg@<K> column
 #: Figure panels: (metric, title); the accuracy key is resolved from the runs.
 STUDY_PANELS = tuple(PANELS) + (("train/grad_norm", "Grad norm"),)
+#: the entropy-mechanism diagnostic (aspo_lit.callbacks.EntropyMechanism), when the runs logged it
+MECHANISM_PANELS = (("entropy/cov", "Cov(log π_old, A), all tokens"), ("entropy/cov_pos", "its A > 0 part"),
+                    ("entropy/cov_neg", "its A < 0 part"), ("entropy/measured_change", "entropy change of the updates"))
 #: Plotted raw (spikes are the point of Fig. 8).
 UNSMOOTHED = ("train/grad_norm",)
 #: Training metrics tabulated in the report (first 20% -> last 20% of logged steps).
@@ -320,15 +323,17 @@ def seed_band(curves: Sequence[tuple[np.ndarray, np.ndarray]]) -> pd.DataFrame:
     return band
 
 
-def plot_overlays(results: Results, path: Path) -> Path:
-    """Fig. 2-style panels, one line per loss: mean over seeds, band = ± 1 std over seeds.
-    Train curves are EMA-smoothed per seed (``smooth``) before averaging; accuracy and grad norm are not."""
+def plot_overlays(results: Results, path: Path, panels: Sequence[tuple[str | None, str]] = STUDY_PANELS,
+                  grid: tuple[int, int] = (2, 3), title: str | None = None) -> Path:
+    """Fig. 2-style panels (``panels``: ``(metric, title)``, None = held-out accuracy), one line per
+    loss: mean over seeds, band = ± 1 std over seeds. Train curves are EMA-smoothed per seed
+    (``smooth``) before averaging; accuracy and grad norm are not."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state
 
     study = results.study
-    fig = Figure(figsize=(15, 8), layout="constrained")
-    axes = fig.subplots(2, 3).reshape(-1)
-    for ax, (key, title) in zip(axes, STUDY_PANELS):
+    fig = Figure(figsize=(5 * grid[1], 4 * grid[0]), layout="constrained")
+    axes = fig.subplots(*grid, squeeze=False).reshape(-1)
+    for ax, (key, title_) in zip(axes, panels):
         is_accuracy = key is None
         key = results.accuracy_key if is_accuracy else key
         for i, loss in enumerate(study.losses):
@@ -354,12 +359,12 @@ def plot_overlays(results: Results, path: Path) -> Path:
                     marker="o" if is_accuracy else None, ms=3)
             ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15, lw=0)
         ylabel = key if not is_accuracy else f"{key} (held-out)"
-        ax.set(title=title if not is_accuracy else f"Held-out accuracy (avg@{results.val_k})",
+        ax.set(title=title_ if not is_accuracy else f"Held-out accuracy (avg@{results.val_k})",
                xlabel="training step (rollout batch, as logged)", ylabel=ylabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{study.name}: mean ± 1 std over seeds {study.seeds}"
-                 f" (train curves EMA {study.smooth:g}, grad norm raw); accuracy at step 0 = untrained testbed")
+    fig.suptitle(title or (f"{study.name}: mean ± 1 std over seeds {study.seeds}"
+                           f" (train curves EMA {study.smooth:g}, grad norm raw); accuracy at step 0 = untrained testbed"))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return path
@@ -717,8 +722,69 @@ def runs_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
     return lines + [""]
 
 
+def mechanism_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
+    """The entropy-mechanism diagnostic per loss (only when the runs logged it)."""
+    if "mechanism" not in figures:
+        return []
+    study = results.study
+    link = os.path.relpath(figures["mechanism"], study.report.parent)
+    keys = [key for key, _ in MECHANISM_PANELS]
+    table = pd.DataFrame({"loss": [label(loss) for loss in study.losses]})
+    for key in keys:
+        table[f"{key} (first → last {study.tail_fraction:.0%})"] = [
+            f"{fmt(np.nanmean(results.per_seed(loss, key, 'head_mean')))} → "
+            f"{fmt(np.nanmean(results.per_seed(loss, key, 'tail_mean')))}" for loss in study.losses]
+    return ["## Entropy mechanism (Cui et al. 2025)", "",
+            f"![entropy mechanism]({link})", "",
+            "`aspo_lit.callbacks.EntropyMechanism` (docs/metrics.md): per rollout batch, the covariance "
+            "between a response token's log-probability under π_old and its advantage, whose negative "
+            "is the first-order entropy change of a policy-gradient step, split by the advantage's "
+            "sign, and the entropy change the batch's updates measured on the same tokens. Means over "
+            "seeds of each run's first and last values:", "", *markdown(table)]
+
+
+def regime_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
+    """The regime properties of every finished fit (experiments.regime), and over seeds per loss."""
+    from experiments.regime import MIN_RISE, measure
+
+    study = results.study
+    rows, per_loss = [], {}
+    for loss in study.losses:
+        for seed in study.seeds:
+            name = run_name(loss, seed)
+            base = results.series(run_name("base", seed), results.accuracy_key)
+            if name not in results.runs.index or results.runs.at[name, "status"] != "done" or base is None:
+                continue
+            r = measure(study.runs_dir / name, acc0=100 * float(base[1][-1]))
+            per_loss.setdefault(loss, []).append(r)
+            rows.append({"run": name, "acc0 → best / last (%)": f"{r.acc0:.1f} → {r.acc_best:.1f} / {r.acc_last:.1f}",
+                         "rise": f"{r.rise:+.1f}", "entropy decline": f"{r.entropy_decline:+.4f}",
+                         "ratio gap": f"{r.ratio_gap:+.2e}", "plateau": "yes" if r.plateau else "no"})
+    if not rows:
+        return []
+    summary = []
+    for loss, regimes in per_loss.items():
+        decline = np.array([r.entropy_decline for r in regimes])
+        se = float(decline.std(ddof=1) / math.sqrt(len(decline))) if len(decline) > 1 else math.nan
+        summary.append({"loss": label(loss), "runs": str(len(regimes)),
+                        f"rise >= {MIN_RISE:g}": f"{sum(r.rise >= MIN_RISE for r in regimes)}/{len(regimes)}",
+                        "rise (points)": mean_std([r.rise for r in regimes]),
+                        "entropy decline": f"{fmt(decline.mean())} (2 SE {fmt(2 * se)})",
+                        "> 2 SE": "yes" if math.isfinite(se) and decline.mean() > 2 * se else "no",
+                        "ratio gap": fmt(float(np.mean([r.ratio_gap for r in regimes]))),
+                        "plateau": f"{sum(r.plateau for r in regimes)}/{len(regimes)}"})
+    return ["## The regime, per run (`python -m experiments.regime`)", "",
+            "The properties the protocol asks of GRPO's runs (docs/study-protocol-v2.md), measured on "
+            "every finished run: the best held-out evaluation minus the untrained model's (same seed), "
+            "the mean entropy of the first minus the last 20 % of rollout batches, the mean of "
+            "`ratio/pos_mean - ratio/neg_mean`, and whether the last evaluation is at most 1 point "
+            "above the best earlier one (plateau). Over seeds:", "",
+            *markdown(pd.DataFrame(summary)), "Per run:", "", *markdown(pd.DataFrame(rows))]
+
+
 SECTIONS: tuple[Callable[[Results, Mapping[str, Path]], list[str]], ...] = (
-    header_section, verdict_section, dynamics_section, fig4_section, accuracy_section, budget_section, runs_section)
+    header_section, verdict_section, regime_section, dynamics_section, mechanism_section, fig4_section,
+    accuracy_section, budget_section, runs_section)
 
 
 def render_report(results: Results, figures: Mapping[str, Path]) -> str:
@@ -732,6 +798,10 @@ def write_report(study: Study, echo=print) -> Path:
     study.figures_dir.mkdir(parents=True, exist_ok=True)
     if len(results.metrics):
         figures["overlays"] = plot_overlays(results, study.figures_dir / "figure2_overlays.png")
+        if (results.metrics["metric"] == MECHANISM_PANELS[0][0]).any():
+            figures["mechanism"] = plot_overlays(
+                results, study.figures_dir / "entropy_mechanism.png", MECHANISM_PANELS, (1, 4),
+                f"{study.name}: entropy mechanism per loss, mean ± 1 std over seeds {study.seeds} (EMA {study.smooth:g})")
     figures.update({f"fig4_{k}": v for k, v in copy_fig4(results, study.figures_dir).items()})
     study.report.parent.mkdir(parents=True, exist_ok=True)
     study.report.write_text(render_report(results, figures))

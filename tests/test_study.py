@@ -548,3 +548,30 @@ def test_quick_profile_end_to_end(tmp_path):
     # a second invocation skips every run (done markers) and only re-renders the report
     assert main(args) == 0
     assert len(json.loads((out / "study.json").read_text())["invocations"]) == 1
+
+
+def test_report_regime_and_entropy_mechanism_sections(tmp_path):
+    """The regime properties of every run (over seeds per loss) and, when the runs logged it, the
+    entropy-mechanism figure; neither section without its data."""
+    study = fake_study(tmp_path)
+    bare = R.render_report(R.collect(study), {})
+    assert "## Entropy mechanism" not in bare
+    for seed in study.seeds:
+        for i, loss in enumerate(LOSSES):
+            # a later version folder adds the diagnostic's and the ratios' series (read_run merges by step)
+            write_metrics(study.runs_dir / f"{loss}_s{seed}" / "version_7" / "metrics.csv",
+                          [{"step": s, "entropy/cov": 0.01 * (i + 1) - 0.0002 * s, "entropy/cov_pos": 0.01,
+                            "entropy/cov_neg": -0.01, "entropy/measured_change": -0.001,
+                            "ratio/pos_mean": 1.0004, "ratio/neg_mean": 1.0001} for s in range(40)])
+    path = R.write_report(study, echo=lambda m: None)
+    text = path.read_text()
+    assert (tmp_path / "docs" / "study" / "entropy_mechanism.png").stat().st_size > 10_000
+    assert "## Entropy mechanism" in text and "](study/entropy_mechanism.png)" in text
+    # GRPO (i = 0): entropy/cov first 20 % (steps 0-7) mean 0.0093, last 20 % (32-39) 0.0029
+    assert re.search(r"\| GRPO +\| 0\.0093 → 0\.0029 +\|", text)
+    # the regime: accuracy 40 % → ~50 % at the last of four evaluations, still rising (no plateau);
+    # entropy 0.6 → 0.1 (a decline far beyond 2 SE); ratio gap 3e-4 in every run
+    assert re.search(r"\| GRPO +\| 3 +\| 3/3 +\| 9\.37 ± 0\.512 +\| 0\.411 \(2 SE 0\.00425\) +\| yes +\| 0\.0003 +\| 0/3 +\|",
+                     text)
+    assert re.search(r"\| grpo_s0 +\| 40\.0 → 49\.9 / 49\.9 +\| \+9\.9 +\| \+0\.4086 +\| \+3\.00e-04 +\| no +\|", text)
+    assert text.index("## The regime, per run") < text.index("## Training dynamics")
