@@ -15,11 +15,11 @@ export ASPO_DATA_DIR ?= $(abspath ../shared/data)
 endif
 space := $(subst ,, )
 
-.PHONY: setup test test-all demo testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short bench clean help
+.PHONY: setup test test-all demo testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short study-v2 bench clean help
 .PHONY: testbed-code tiny-code reproduce-table2 bench-code reproduce-table3
 
 help:
-	@echo "make demo | test | test-all | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | bench"
+	@echo "make demo | test | test-all | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | bench"
 	@echo "code:  make testbed-code | tiny-code | reproduce-table2 [PROFILE=tiny] | bench-code"
 	@echo "out of domain:  make reproduce-table3 [PROFILE=tiny]"
 
@@ -80,6 +80,12 @@ study: $(STAMP)
 
 study-quick: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/quick.yaml
+
+# The study v2 (docs/study-protocol-v2.md): stage 1 (grpo, grpo_no_is, aspo x 5 seeds, ~2 h);
+# STAGE=2 adds grpo_pos_mean and aspo_no_dual_clip (~1.2 h more). Resumable.
+V2_ALL_LOSSES := '[grpo,grpo_no_is,aspo,grpo_pos_mean,aspo_no_dual_clip]'
+study-v2: $(STAMP)
+	$(PY) -m aspo_lit study --config conf/study/v2.yaml $(if $(filter 2,$(STAGE)),--losses $(V2_ALL_LOSSES))
 
 bench: $(STAMP)
 	$(PY) perf/bench_losses.py && $(PY) perf/bench_rollout.py
