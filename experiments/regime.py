@@ -41,6 +41,7 @@ __all__ = ["Regime", "measure", "accuracy", "main"]
 
 MIN_RISE = 5.0      # points of held-out accuracy above the untrained model
 PLATEAU_SLACK = 1.0  # points the last evaluation may exceed the best earlier one by
+RATIOS = ("ratio/pos_mean", "ratio/neg_mean")
 
 
 @dataclass
@@ -98,8 +99,8 @@ def measure(run_dir: str | Path, acc0: float) -> Regime:
         raise ValueError(f"{run_dir}: no metrics.csv under its version_* folders")
     entropy = _series(metrics, "train/entropy")
     acc = accuracy(run_dir)
-    gap = _series(metrics, "ratio/pos_mean") - _series(metrics, "ratio/neg_mean") \
-        if len(_series(metrics, "ratio/pos_mean")) == len(_series(metrics, "ratio/neg_mean")) else np.array([math.nan])
+    ratios = metrics[metrics["metric"].isin(RATIOS)].pivot_table(index="step", columns="metric", values="value")
+    gap = (ratios[RATIOS[0]] - ratios[RATIOS[1]]).dropna().to_numpy() if set(RATIOS) <= set(ratios.columns) else []
     reward, clip, kl, length = (_series(metrics, k) for k in
                                 ("train/reward_mean", "clip/pos_high", "train/kl", "response/length_mean"))
     regime = Regime(
@@ -107,7 +108,7 @@ def measure(run_dir: str | Path, acc0: float) -> Regime:
         acc_best=max(acc) if acc else math.nan, acc_last=acc[-1] if acc else math.nan, evals=len(acc),
         entropy_start=float(entropy[0]) if len(entropy) else math.nan,
         entropy_decline=head_mean(entropy) - tail_mean(entropy),
-        ratio_gap=float(np.nanmean(gap)) if len(gap) else math.nan,
+        ratio_gap=float(np.mean(gap)) if len(gap) else math.nan,
         length_start=float(length[0]) if len(length) else math.nan,
         reward_head=head_mean(reward), reward_tail=tail_mean(reward),
         clip_pos_high_max=float(np.max(clip)) if len(clip) else math.nan,

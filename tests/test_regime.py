@@ -108,3 +108,14 @@ def test_cli_needs_a_base_with_an_accuracy(tmp_path):
     write_metrics(folder / "version_0" / "metrics.csv", [{"step": 0, "train/entropy": 0.4}])
     with pytest.raises(SystemExit):
         G.main([str(run(tmp_path, "learns", **LEARNS)), "--base", str(folder)])
+
+
+def test_the_ratio_gap_pairs_steps_and_skips_a_step_missing_one_side(tmp_path):
+    rows = [{"step": s, "train/entropy": 0.4, "ratio/pos_mean": 1.0 + 0.001 * s, "ratio/neg_mean": 1.0}
+            for s in range(4)]
+    rows[1]["ratio/neg_mean"] = None  # a step with no A < 0 token: no pair
+    folder = tmp_path / "gaps"
+    write_metrics(folder / "version_0" / "metrics.csv", rows)
+    assert G.measure(folder, acc0=31.6).ratio_gap == pytest.approx((0 + 0.002 + 0.003) / 3)
+    write_metrics(tmp_path / "nogap" / "version_0" / "metrics.csv", [{"step": 0, "train/entropy": 0.4}])
+    assert math.isnan(G.measure(tmp_path / "nogap", acc0=31.6).ratio_gap)
