@@ -1,11 +1,13 @@
 """The study's report: the runs' metrics in a DataFrame, the pre-registered verdicts, the page.
 
-Applies docs/study-protocol.md: per seed, the *final* value of a claim's metric (the mean over
+Applies docs/study-protocol.md (v2: docs/study-protocol-v2.md, the same rule): per seed, the *final* value of a claim's metric (the mean over
 the last ``tail_fraction`` of the logged training steps, the last held-out evaluation for
 accuracy, the maximum over the run for claim 7's grad norm), then the 2 x pooled-SE rule on the
 difference of the two losses' means, with Welch's two-sided p-value beside it as information.
-Writes the Markdown page (docs/study.md) and its figures: the Fig. 2-style overlays (mean ± std
-over seeds) and the Fig. 4 token-weight surfaces of seed 0 of GRPO and ASPO.
+Writes the Markdown page (docs/study.md, docs/study-v2.md) and its figures: the Fig. 2-style
+overlays (mean ± std over seeds), the Fig. 4 token-weight surfaces of seed 0 of GRPO and ASPO, the
+entropy-mechanism curves per loss when the runs logged them, and every run's regime properties
+(experiments.regime: did it learn, plateau, lose entropy?).
 """
 
 from __future__ import annotations
@@ -774,8 +776,8 @@ def regime_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
                         "ratio gap": fmt(float(np.mean([r.ratio_gap for r in regimes]))),
                         "plateau": f"{sum(r.plateau for r in regimes)}/{len(regimes)}"})
     return ["## The regime, per run (`python -m experiments.regime`)", "",
-            "The properties the protocol asks of GRPO's runs (docs/study-protocol-v2.md), measured on "
-            "every finished run: the best held-out evaluation minus the untrained model's (same seed), "
+            "Did each run show the paper's GRPO dynamics (the properties of docs/study-protocol-v2.md)? "
+            "Measured on every finished run: the best held-out evaluation minus the untrained model's (same seed), "
             "the mean entropy of the first minus the last 20 % of rollout batches, the mean of "
             "`ratio/pos_mean - ratio/neg_mean`, and whether the last evaluation is at most 1 point "
             "above the best earlier one (plateau). Over seeds:", "",
