@@ -85,11 +85,14 @@ def _series(metrics, key: str) -> np.ndarray:
     return metrics.loc[metrics["metric"] == key, "value"].to_numpy(dtype=np.float64)
 
 
-def accuracy(run_dir: str | Path) -> list[float]:
-    """The held-out accuracy (%) of each evaluation of a run, in order."""
-    metrics = read_run(run_dir)
+def _accuracy(metrics) -> list[float]:
     key = accuracy_key([set(metrics["metric"])])  # val/...avg@K, else the reward: not an accuracy
     return [100 * v for v in _series(metrics, key)] if key.startswith("val/") else []
+
+
+def accuracy(run_dir: str | Path) -> list[float]:
+    """The held-out accuracy (%) of each evaluation of a run, in order."""
+    return _accuracy(read_run(run_dir))
 
 
 def measure(run_dir: str | Path, acc0: float) -> Regime:
@@ -98,12 +101,12 @@ def measure(run_dir: str | Path, acc0: float) -> Regime:
     if metrics.empty:
         raise ValueError(f"{run_dir}: no metrics.csv under its version_* folders")
     entropy = _series(metrics, "train/entropy")
-    acc = accuracy(run_dir)
+    acc = _accuracy(metrics)
     ratios = metrics[metrics["metric"].isin(RATIOS)].pivot_table(index="step", columns="metric", values="value")
     gap = (ratios[RATIOS[0]] - ratios[RATIOS[1]]).dropna().to_numpy() if set(RATIOS) <= set(ratios.columns) else []
     reward, clip, kl, length = (_series(metrics, k) for k in
                                 ("train/reward_mean", "clip/pos_high", "train/kl", "response/length_mean"))
-    regime = Regime(
+    return Regime(
         run=Path(run_dir).name, batches=len(entropy), acc0=acc0,
         acc_best=max(acc) if acc else math.nan, acc_last=acc[-1] if acc else math.nan, evals=len(acc),
         entropy_start=float(entropy[0]) if len(entropy) else math.nan,
@@ -115,7 +118,6 @@ def measure(run_dir: str | Path, acc0: float) -> Regime:
         kl_last=float(kl[-1]) if len(kl) else math.nan,
         last_gain=acc[-1] - max(acc[:-1]) if len(acc) >= 2 else math.nan,
     )
-    return regime
 
 
 HEADER = ("| run | batches | acc0 → best / last (%) | rise | entropy: start, decline | ratio gap (pos - neg) | "
