@@ -37,7 +37,7 @@ import numpy as np
 from aspo_lit.figures import accuracy_key
 from experiments.report import head_mean, read_run, tail_mean
 
-__all__ = ["Regime", "measure", "accuracy", "main"]
+__all__ = ["Regime", "measure", "regime_of", "accuracy", "main"]
 
 MIN_RISE = 5.0      # points of held-out accuracy above the untrained model
 PLATEAU_SLACK = 1.0  # points the last evaluation may exceed the best earlier one by
@@ -100,6 +100,11 @@ def measure(run_dir: str | Path, acc0: float) -> Regime:
     metrics = read_run(run_dir)
     if metrics.empty:
         raise ValueError(f"{run_dir}: no metrics.csv under its version_* folders")
+    return regime_of(metrics, Path(run_dir).name, acc0)
+
+
+def regime_of(metrics, run: str, acc0: float) -> Regime:
+    """The regime properties of a run's ``metric, step, value`` frame (``read_run``'s)."""
     entropy = _series(metrics, "train/entropy")
     acc = _accuracy(metrics)
     ratios = metrics[metrics["metric"].isin(RATIOS)].pivot_table(index="step", columns="metric", values="value")
@@ -107,7 +112,7 @@ def measure(run_dir: str | Path, acc0: float) -> Regime:
     reward, clip, kl, length = (_series(metrics, k) for k in
                                 ("train/reward_mean", "clip/pos_high", "train/kl", "response/length_mean"))
     return Regime(
-        run=Path(run_dir).name, batches=len(entropy), acc0=acc0,
+        run=run, batches=len(entropy), acc0=acc0,
         acc_best=max(acc) if acc else math.nan, acc_last=acc[-1] if acc else math.nan, evals=len(acc),
         entropy_start=float(entropy[0]) if len(entropy) else math.nan,
         entropy_decline=head_mean(entropy) - tail_mean(entropy),

@@ -747,7 +747,7 @@ def mechanism_section(results: Results, figures: Mapping[str, Path]) -> list[str
 
 def regime_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
     """The regime properties of every finished fit (experiments.regime), and over seeds per loss."""
-    from experiments.regime import MIN_RISE, measure
+    from experiments.regime import MIN_RISE, regime_of
 
     study = results.study
     rows, per_loss = [], {}
@@ -757,7 +757,7 @@ def regime_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
             base = results.series(run_name("base", seed), results.accuracy_key)
             if name not in results.runs.index or results.runs.at[name, "status"] != "done" or base is None:
                 continue
-            r = measure(study.runs_dir / name, acc0=100 * float(base[1][-1]))
+            r = regime_of(results.metrics[results.metrics["run"] == name], name, acc0=100 * float(base[1][-1]))
             per_loss.setdefault(loss, []).append(r)
             rows.append({"run": name, "acc0 → best / last (%)": f"{r.acc0:.1f} → {r.acc_best:.1f} / {r.acc_last:.1f}",
                          "rise": f"{r.rise:+.1f}", "entropy decline": f"{r.entropy_decline:+.4f}",
