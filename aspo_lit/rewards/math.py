@@ -11,8 +11,11 @@ being parsed. The rest is graded by math-verify, bounded in time two ways:
   ``grading_deadline`` raises math-verify's timeout exception from ``timeout_s`` on, again every
   50 ms until the call returns, and a timeout scores 0 (a gold parse that times out is not
   cached). One alarm is not enough: its exception, raised while a garbage-collection callback
-  runs, is swallowed there ("Exception ignored in ..."), and the parse went on for 36-88 s past
-  a 1 s bound (seen with math-verify's own ``signal.alarm``).
+  or a finalizer runs, is swallowed there ("Exception ignored in ..."), and the parse went on for
+  36-88 s past a 1 s bound (seen with math-verify's own ``signal.alarm``). Those swallowed
+  deadlines are expected, so while the deadline is armed they do not reach
+  ``sys.unraisablehook`` (whose own work, e.g. pytest formatting a traceback, the next alarm
+  would interrupt).
 * **In worker processes** (``MathReward.batch``, and any call from a non-main thread, where
   signals are unavailable): ``aspo_lit.rewards.pool.GradingPool`` kills and replaces a worker past
   a hard per-item deadline (e.g. stuck inside C code where the alarm cannot land); its item
@@ -28,6 +31,7 @@ import functools
 import logging
 import re
 import signal
+import sys
 import threading
 import time
 from typing import Protocol, Sequence, runtime_checkable
@@ -242,8 +246,15 @@ def grading_deadline(seconds: float):
     def handler(signum, frame):
         raise timeout_exception("grading deadline")
 
+    previous_hook = sys.unraisablehook
+
+    def unraisable_hook(unraisable):
+        if not isinstance(unraisable.exc_value, timeout_exception):  # ours: the repeat re-raises it
+            previous_hook(unraisable)
+
     outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)
     start = time.monotonic()
+    sys.unraisablehook = unraisable_hook
     previous = signal.signal(signal.SIGALRM, handler)
     signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 1e-3), DEADLINE_REPEAT_S)
     try:
@@ -256,6 +267,7 @@ def grading_deadline(seconds: float):
             except timeout_exception:
                 continue
             break
+        sys.unraisablehook = previous_hook
         if outer_delay > 0:
             left = outer_delay - (time.monotonic() - start)
             signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), outer_interval)
