@@ -29,9 +29,9 @@ $(STAMP): pyproject.toml scripts/setup_cpu.sh constraints.txt
 
 setup: $(STAMP)
 
-# Default suite (< 10 min on 2 cores). CI (CI=true) also runs the slow end-to-end tests.
+# Default suite (< 10 min on 2 cores). CI (CI=true) also runs the slow end-to-end tests and lists the 30 slowest.
 test: $(STAMP)
-	$(PY) -m pytest -q $(if $(filter true,$(CI)),,-m "not slow") $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(if $(filter true,$(CI)),--durations=30,-m "not slow") $(PYTEST_ARGS)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
