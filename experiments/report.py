@@ -542,7 +542,8 @@ def regime_lines(results: Results) -> list[str]:
 
 
 def profile_lines(results: Results) -> list[str]:
-    """The profile's measured properties (the protocol's targets), from the runs themselves."""
+    """The profile's measured properties, from the runs themselves, beside the targets it was
+    designed to (``docs/testbed-long.md``; a study's own criteria are in its protocol)."""
     first = results.by_seed({"entropy": ("train/entropy", "first"), "length": ("response/length_mean", "first")})
     entropy = first["entropy"].dropna()
     if entropy.empty:
@@ -552,11 +553,12 @@ def profile_lines(results: Results) -> list[str]:
     table = pd.DataFrame({"loss": [label(loss) for loss in peaks.index],
                           "max `clip/pos_high` per seed": peaks.iloc[:, 0].to_numpy(),
                           "runs reaching 5 %": peaks.iloc[:, 1].to_numpy()})
-    return [f"Profile properties measured in these runs: the first rollout batch's mean token entropy "
-            f"(`train/entropy`) {mean_std(entropy)} nats (target ≥ 0.5), its mean "
+    return [f"Profile properties measured in these runs, beside the design targets of `testbed-long` "
+            f"(docs/testbed-long.md): the first rollout batch's mean token entropy "
+            f"(`train/entropy`) {mean_std(entropy)} nats (design target ≥ 0.5), its mean "
             f"response length {mean_std(first['length'])} tokens (target 80–300) "
             f"over {len(entropy)} runs. The share of A > 0 tokens with r > 1 + ε "
-            "(`clip/pos_high`), maximum over the steps of a run (target ≥ 5 % at some step):", "",
+            "(`clip/pos_high`), maximum over the steps of a run (design target ≥ 5 % at some step):", "",
             *markdown(table)]
 
 
