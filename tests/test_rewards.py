@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -394,8 +395,6 @@ def test_deadline_in_a_finalizer_stays_quiet(monkeypatch):
     """A deadline that lands in a finalizer is swallowed there and raised again by the repeat; it
     must not reach ``sys.unraisablehook`` (pytest's hook, formatting it, was itself interrupted by
     the next alarm and failed the run), while other unraisable exceptions still do."""
-    import sys
-
     from aspo_lit.rewards.math import bounded_in_main_thread
 
     seen = []
@@ -413,7 +412,7 @@ def test_deadline_in_a_finalizer_stays_quiet(monkeypatch):
 
     def grade():
         SlowFinalizer()
-        FailingFinalizer()
+        FailingFinalizer()   # runs just after an alarm, far from the next one (50 ms)
         while True:   # the repeated deadline ends this
             time.sleep(0.01)
 
