@@ -9,6 +9,11 @@ chunk's logits from the saved hidden states and accumulates the gradients of the
 of ``W`` and of the bias. Peak extra memory is O(chunk × vocab) whatever the number of tokens,
 plus one fp32 ``[vocab × hidden]`` gradient accumulator.
 
+When every chunk's logits together are small (at most `KEEP_LOGITS_MAX` fp32 values: the CPU
+testbeds' 1k vocabulary, never a 150k one beyond a hundred tokens) and a gradient is needed, the
+forward keeps them for the backward instead of recomputing them: the same matmul on the same
+inputs gives the same bits, so the result is identical and one matmul per chunk is saved.
+
 Numerics: the matmul runs in the weight's dtype (as the model's own ``lm_head`` would, so bf16
 weights give the same logits as the unfused path); everything after it -- bias, ``/temperature``,
 softmax, log-probs, entropy, the logits' gradient and the weight-gradient accumulation -- is fp32.
@@ -23,7 +28,10 @@ from torch.nn import functional as F
 
 from aspo_lit.logprobs import chunk_forward
 
-__all__ = ["fused_linear_logprobs"]
+__all__ = ["fused_linear_logprobs", "KEEP_LOGITS_MAX"]
+
+#: most fp32 logits (tokens x vocab, 64 MB) the forward keeps for the backward instead of recomputing
+KEEP_LOGITS_MAX = 1 << 24
 
 
 def _logits_fp32(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
@@ -50,9 +58,13 @@ class _FusedLinearLogprobs(torch.autograd.Function):
         entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_empty(0)
         log_z = logprobs.new_empty(n)
         flat_logprobs, flat_entropy = logprobs.view(-1), entropy.view(-1)
+        keep = any(ctx.needs_input_grad[:3]) and n * weight.shape[0] <= KEEP_LOGITS_MAX
+        kept = []
         for span in _spans(n, chunk_size):
             z = _logits_fp32(hidden[span], weight, bias, temperature)
             chunk_log_z, chunk_logprobs, chunk_entropy = chunk_forward(z, labels[span], with_entropy)
+            if keep:
+                kept.append(z)
             del z
             log_z[span] = chunk_log_z
             flat_logprobs[span] = chunk_logprobs
@@ -60,6 +72,7 @@ class _FusedLinearLogprobs(torch.autograd.Function):
                 flat_entropy[span] = chunk_entropy
         ctx.save_for_backward(hidden, weight, bias, labels, log_z)
         ctx.chunk_size, ctx.temperature = chunk_size, temperature
+        ctx.kept_logits = kept if keep else None
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
@@ -72,11 +85,13 @@ class _FusedLinearLogprobs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
         grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_bias else None
-        for span in _spans(hidden.shape[0], ctx.chunk_size):
+        for i, span in enumerate(_spans(hidden.shape[0], ctx.chunk_size)):
             h = hidden[span].to(weight.dtype)
             g = grad_logprobs[span, None].float()
             # softmax from the saved log Z, then ∂lp/∂z in place: (onehot − softmax)·g/τ
-            dz = _logits_fp32(h, weight, bias, ctx.temperature).sub_(log_z[span, None]).exp_()
+            z = ctx.kept_logits[i] if ctx.kept_logits is not None else _logits_fp32(h, weight, bias, ctx.temperature)
+            dz = z.sub(log_z[span, None]).exp_()
+            del z
             dz.mul_(-g).scatter_add_(-1, labels[span, None], g)
             if ctx.temperature != 1.0:
                 dz.div_(ctx.temperature)

@@ -19,7 +19,8 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
 
-from aspo_lit.forward import response_logprobs
+from aspo_lit.forward import (PromptStates, distinct_prompts, encode_prompts, prompt_backward_term,
+                              prompt_sharing_applies, response_logprobs, responses_from_prompts)
 from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
 from aspo_lit.losses import PolicyLoss, aggregate, agg_normalizer, effective_token_weight, get_policy_loss, kl_penalty
 from aspo_lit.metrics import AvgAtK, PassAtK
@@ -121,11 +122,21 @@ class ASPOModule(LightningModule):
             π_old's on the first mini-batch, π_θ after the optimizer steps before it on the
             others (the authors' code takes this entropy from its update pass too); with one
             epoch ``entropy/measured_change`` is then 0. The reference pass stays.
+        share_prompt: compute each distinct prompt of a micro-batch once, its KV cache shared by
+            the group's G responses (`aspo_lit.forward`, "Shared prompts"), in every policy and
+            reference forward. The same maths; the prompt's sums run in other shapes, so the
+            log-probs move by rounding (~1e-6), not bit for bit: off by default, so a run's
+            numbers do not change with it. On the testbeds the prompt is a quarter of a row's
+            tokens (docs/performance.md). Unsharded policies only (refused under FSDP2), and
+            not with ``gradient_checkpointing``.
     """
 
     #: the first mini-batch's old log-probs and entropy come from its own update forward (exact:
     #: the pre-update pass computes those rows in the same micro-batches); off only to check that
     reuse_first_update_forward: bool = True
+    #: the update's record (and the entropy it needs) is made in the last epoch only, where it
+    #: stays (exact: the loss never reads it); off only to check that
+    record_last_epoch_only: bool = True
 
     def __init__(
         self,
@@ -151,6 +162,7 @@ class ASPOModule(LightningModule):
         shuffle_mini_batches: bool = False,
         rollout_is_cap: float | None = None,
         old_logprobs: str = "recompute",
+        share_prompt: bool = False,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -193,6 +205,11 @@ class ASPOModule(LightningModule):
             return
         hp = self.hparams
         mesh = getattr(self, "device_mesh", None)
+        if hp.share_prompt and mesh is not None:
+            raise ValueError(
+                "model.share_prompt is for unsharded policies: under FSDP2 a layer reshards after its backward, "
+                "possibly before the gradient that reaches its shared prompt through the KV cache needs its weights; "
+                "set model.share_prompt: false")
         if mesh is not None and mesh["data_parallel"].size() != self.trainer.world_size:
             raise ValueError(
                 f"trainer.strategy: FSDP2 would shard over {mesh['data_parallel'].size()} of {self.trainer.world_size} "
@@ -219,6 +236,11 @@ class ASPOModule(LightningModule):
         if hp.kl_coef > 0:
             self.ref_policy = build(getattr(mp_policy, "param_dtype", None) or hp.torch_dtype)
             self.ref_policy.eval().requires_grad_(False)
+        if hp.share_prompt and not prompt_sharing_applies(self.policy):
+            raise ValueError(
+                f"model.share_prompt does not apply to {type(self.policy).__name__} (model_type "
+                f"{getattr(self.policy.config, 'model_type', None)!r}): it needs a fused model family "
+                "(aspo_lit.forward.FUSED_MODEL_TYPES) with plain DynamicLayer caches; set model.share_prompt: false")
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(
@@ -236,20 +258,20 @@ class ASPOModule(LightningModule):
 
     # --- the step ---------------------------------------------------------------------------
 
-    def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, with_entropy: bool):
+    def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, with_entropy: bool,
+                  prompts: "EncodedPrompts | None" = None):
         """`[len(rows), T]` log-probs (and entropy) of `rows`, computed at the rows' own width: the
-        columns past their longest response are zeros (they are padding, masked out)."""
+        columns past their longest response are zeros (they are padding, masked out). With
+        `prompts` (`share_prompt`), only the response columns run, against the encoded prompts."""
         input_ids, attention_mask = trim_to_micro_batch(batch.input_ids, batch.attention_mask, batch.prompt_length,
                                                         batch.response_lengths, rows)
-        logprobs, entropy = response_logprobs(
-            model,
-            input_ids,
-            attention_mask,
-            batch.prompt_length,
-            temperature=self.hparams.temperature,
-            chunk_size=self.hparams.logprob_chunk_size,
-            with_entropy=with_entropy,
-        )
+        options = dict(temperature=self.hparams.temperature, chunk_size=self.hparams.logprob_chunk_size,
+                       with_entropy=with_entropy)
+        if prompts is None:
+            logprobs, entropy = response_logprobs(model, input_ids, attention_mask, batch.prompt_length, **options)
+        else:
+            logprobs, entropy = responses_from_prompts(model, input_ids, attention_mask, batch.prompt_length,
+                                                       prompts.states, prompts.slot[rows], **options)
         pad = batch.response_mask.shape[1] - logprobs.shape[1]
         if pad:
             logprobs = torch.nn.functional.pad(logprobs, (0, pad))
@@ -280,15 +302,33 @@ class ASPOModule(LightningModule):
             pre.pending_entropy[first_epoch[0]] = True
         was_training = self.policy.training
         self.policy.eval()
+        everything = torch.arange(shape[0], device=device)
+        computed = ~(pre.pending_old | pre.pending_entropy)
+        policy_prompts = self._encode_prompts(self.policy, batch, everything[computed]) if computed.any() else None
+        ref_prompts = self._encode_prompts(self.ref_policy, batch, everything) if pre.ref_logprobs is not None else None
         for rows in first_epoch:
             for micro in self._micro_batches(batch, rows):
                 if not bool(pre.pending_old[micro].any() or pre.pending_entropy[micro].any()):
                     pre.old_logprobs[micro], pre.entropy[micro] = self._logprobs(self.policy, batch, micro,
-                                                                                 with_entropy=True)
+                                                                                 with_entropy=True,
+                                                                                 prompts=policy_prompts)
                 if pre.ref_logprobs is not None:
-                    pre.ref_logprobs[micro] = self._logprobs(self.ref_policy, batch, micro, with_entropy=False)[0]
+                    pre.ref_logprobs[micro] = self._logprobs(self.ref_policy, batch, micro, with_entropy=False,
+                                                             prompts=ref_prompts)[0]
         self.policy.train(was_training)
         return pre
+
+    def _encode_prompts(self, model: torch.nn.Module, batch: RolloutBatch, rows: Tensor) -> "EncodedPrompts | None":
+        """The distinct prompts of ``rows`` through ``model`` once (`share_prompt`; with the grad when
+        enabled), or None (row-by-row forwards: the option is off, or no two rows share a prompt)."""
+        if not self.hparams.share_prompt or batch.group_size < 2:
+            return None
+        P = batch.prompt_length
+        first, owner = distinct_prompts(batch.input_ids[rows], batch.attention_mask[rows], P)
+        slot = torch.full((batch.input_ids.shape[0],), -1, dtype=torch.long, device=rows.device)
+        slot[rows] = owner
+        states = encode_prompts(model, batch.input_ids[rows[first], :P], batch.attention_mask[rows[first], :P])
+        return EncodedPrompts(states, slot)
 
     def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> list[Tensor]:
         """`rows` split for forward/backward: by token budget (`max_tokens_per_micro_batch`, rows of
@@ -353,8 +393,8 @@ class ASPOModule(LightningModule):
 
         t0 = time.perf_counter()
         record = UpdateRecord.before_update(pre.old_logprobs, pre.entropy, self.stat_reductions)
-        for rows in minibatches:
-            self._update_minibatch(optimizer, batch, rows, pre, record)
+        for i, rows in enumerate(minibatches):
+            self._update_minibatch(optimizer, batch, rows, pre, record, last_epoch=i >= len(minibatches) - per_epoch)
         scheduler.step()  # once per rollout batch: warm-up is counted in rollout batches
         t_update = time.perf_counter() - t0
 
@@ -388,14 +428,25 @@ class ASPOModule(LightningModule):
                 for rows in minibatch_rows(batch.input_ids.shape[0], rows_per_step, generator)]
 
     def _update_minibatch(self, optimizer, batch: RolloutBatch, rows: Tensor, pre: "PreUpdate",
-                          record: "UpdateRecord") -> None:
-        """One optimizer step on mini-batch ``rows``: forward/backward of each micro-batch, clip, step."""
+                          record: "UpdateRecord", last_epoch: bool = True) -> None:
+        """One optimizer step on mini-batch ``rows``: forward/backward of each micro-batch, clip, step.
+
+        What the step reports of the update (`UpdateRecord`: each token's log-prob, entropy, ratio
+        and weight at its last update) is recorded in the last epoch only, and the update forward
+        computes the entropy only where it is read: there, and on the rows' first visit when it is
+        π_old's (`PreUpdate.fill_from_update`). The log-probs and the loss do not depend on
+        either, bit for bit."""
         mask = batch.response_mask.float()
         old_logprobs, entropy, ref_logprobs = pre.old_logprobs, pre.entropy, pre.ref_logprobs
         normalizer = self._global_normalizer(mask[rows])
         minibatch_loss, finite = 0.0, True
+        prompts = self._encode_prompts(self.policy, batch, rows)  # with grad: its backward runs after the loop
+        leaves = None if prompts is None else EncodedPrompts(prompts.states.leaves(), prompts.slot)
         for micro in self._micro_batches(batch, rows):
-            logprobs, updated_entropy = self._logprobs(self.policy, batch, micro, with_entropy=True)
+            record_now = last_epoch or not self.record_last_epoch_only
+            with_entropy = record_now or bool(pre.pending_entropy[micro].any())
+            logprobs, updated_entropy = self._logprobs(self.policy, batch, micro, with_entropy=with_entropy,
+                                                       prompts=leaves)
             pre.fill_from_update(micro, logprobs.detach(), updated_entropy, record)
             inputs = [logprobs.detach(), old_logprobs[micro]] + ([ref_logprobs[micro]] if ref_logprobs is not None else [])
             if not all(bool(torch.isfinite(x).all()) for x in inputs):
@@ -412,10 +463,13 @@ class ASPOModule(LightningModule):
             minibatch_loss += float(policy_loss)
             finite &= bool(torch.isfinite(loss.detach()))
             record.stats.add_all({_metric_name(name, "train"): stat for name, stat in stats.items()})
-            record.at_last_update(micro, logprobs.detach(), updated_entropy,
-                                  self.loss_fn.ratio(logprobs, old_logprobs[micro], mask[micro]),
-                                  effective_token_weight(self.loss_fn, logprobs.detach(), old_logprobs[micro],
-                                                         advantages, mask[micro], entropy=entropy[micro]))
+            if record_now:
+                record.at_last_update(micro, logprobs.detach(), updated_entropy,
+                                      self.loss_fn.ratio(logprobs, old_logprobs[micro], mask[micro]),
+                                      effective_token_weight(self.loss_fn, logprobs.detach(), old_logprobs[micro],
+                                                             advantages, mask[micro], entropy=entropy[micro]))
+        if prompts is not None:  # the prompt pass's backward, once, for every micro-batch's gradient
+            self.manual_backward(prompt_backward_term(prompts.states, leaves.states))
         grad_norm = self._clip_and_step(optimizer, finite)
         stepped = math.isfinite(grad_norm)
         # this rank's share of the mini-batch loss (the sum of its micro-batch terms; the mean over
@@ -533,6 +587,15 @@ class ASPOModule(LightningModule):
 
 
 @dataclass
+class EncodedPrompts:
+    """Prompts encoded once for a set of rows (`share_prompt`): their `PromptStates` and each row's
+    entry in them (``slot[row]``, -1 for rows not encoded)."""
+
+    states: PromptStates
+    slot: Tensor  # [N] long
+
+
+@dataclass
 class PreUpdate:
     """What the update starts from: π_old's log-probs and entropy, the reference log-probs, and
     which rows' old log-probs (``pending_old``) or entropy (``pending_entropy``) are left to the
@@ -623,6 +686,9 @@ def _validate_hparams(args: dict[str, Any]) -> None:
         raise ValueError("model.rollout_is_cap weighs each token by min(π_old / π_sampler, cap), which is 1 when "
                          "model.old_logprobs=sampler takes π_old from the sampler: set rollout_is_cap: null, or "
                          "old_logprobs: recompute")
+    if args["share_prompt"] and args["gradient_checkpointing"]:
+        raise ValueError("model.share_prompt needs the KV cache of the prompt pass, which transformers drops under "
+                         "gradient checkpointing: set model.gradient_checkpointing: false, or model.share_prompt: false")
     if budget is not None and (not isinstance(budget, int) or budget < 1):
         raise ValueError(f"model.max_tokens_per_micro_batch must be a positive integer or null, got {budget!r}")
     for key in ("lr", "max_grad_norm", "temperature"):

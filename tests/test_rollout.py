@@ -15,6 +15,7 @@ import importlib.util
 import pytest
 import torch
 
+from aspo_lit.rollout import decode as decode_module
 from aspo_lit.rollout import (
     Completion,
     HFEngine,
@@ -345,7 +346,7 @@ def test_hf_growing_kv_cache_samples_the_same_bits(tiny_model_dir, monkeypatch):
 @pytest.fixture
 def one_thread():
     """One torch thread: MKL then gives a row of a matrix product the same bits whatever the
-    product's height (>= 3 rows), which the lean loop's exactness rests on (rollout/decode.py)."""
+    product's height (>= 8 rows on AVX-512), which the lean loop's exactness rests on (rollout/decode.py)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -368,20 +369,22 @@ def test_hf_lean_decoding_samples_generate_bits(tiny_model_dir, one_thread, kind
     ids = [tok(p)["input_ids"] for p in ("2+2=", "question: 7-3 is what?", "the dog")]  # padded to 23
     outputs = {}
     for decode in ("lean", "generate"):
-        engine = HFEngine(max_batch_size=16, decode=decode, logprobs_mode="raw" if kind == "raw log-probs" else "processed")
+        engine = HFEngine(max_batch_size=32, decode=decode, logprobs_mode="raw" if kind == "raw log-probs" else "processed")
         engine.attach(policy, tok, str(tiny_model_dir))
         rows_per_forward: list[int] = []
         hook = policy.register_forward_pre_hook(
             lambda module, args, kwargs: rows_per_forward.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
         try:
-            # 18 rows: a call of 16 (two prompts' 6 samples and 4 of the third), then one of 2
-            out = engine.generate(ids, n=6, sampling=sampling)
+            # 36 rows: a call of 32 (two prompts' 12 samples and 8 of the third), then one of 4
+            out = engine.generate(ids, n=12, sampling=sampling)
         finally:
             hook.remove()
         outputs[decode] = [(c.token_ids, c.logprobs, c.text, c.finish_reason) for g in out for c in g]
         if decode == "lean":
-            assert rows_per_forward[0] == 4, "the first call's prefill computes its 3 prompts (+1 row: 4 at least)"
-            assert min(rows_per_forward[1:]) < 16 or kind == "greedy", "no finished row ever left the batch"
+            assert rows_per_forward[0] == decode_module.MIN_ROWS < 32, \
+                "the first call's prefill computes its 3 prompts (+ rows up to MIN_ROWS)"
+            first_call = rows_per_forward[1:rows_per_forward.index(4)]  # up to the second call's prefill
+            assert min(first_call) < 32 or kind == "greedy", "no finished row ever left the batch"
     lengths = {len(t) for t, *_ in outputs["generate"]}
     if kind != "greedy":
         assert len(lengths) > 5 and {"stop", "length"} <= {r for *_, r in outputs["generate"]}

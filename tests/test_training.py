@@ -86,13 +86,17 @@ def test_exact_speedups_keep_the_metrics(testbed, tmp_path, monkeypatch, one_thr
     shuffled mini-batches: the rollout engine's in-place KV cache (aspo_lit/rollout/kv_cache.py;
     in its buffer from the prompt on, where the demo's short answers would stay below its
     128-position start) against transformers' own cache, the engine's sampling loop
-    (rollout/decode.py) against transformers' `generate`, and the first mini-batch's old
+    (rollout/decode.py) against transformers' `generate`, the first mini-batch's old
     log-probs and entropy taken from its own update forward against a pre-update pass that
-    computes them."""
-    from aspo_lit.module import ASPOModule, PreUpdate
+    computes them, the fused head's logits kept for its backward against recomputed
+    (fused_logprobs.KEEP_LOGITS_MAX), and the update's record made in the last epoch only
+    against every epoch."""
+    from aspo_lit.module import ASPOModule, PreUpdate, UpdateRecord
     from aspo_lit.rollout import HFEngine, kv_cache
 
-    calls = {"cache": 0, "lean": 0, "reused": 0}
+    from aspo_lit import fused_logprobs
+
+    calls = {"cache": 0, "lean": 0, "reused": 0, "records": 0}
     real_cache, real_fill = kv_cache.growing_kv_cache, PreUpdate.fill_from_update
     real_sample = __import__("aspo_lit.rollout.decode", fromlist=["sample_rows"]).sample_rows
 
@@ -109,18 +113,23 @@ def test_exact_speedups_keep_the_metrics(testbed, tmp_path, monkeypatch, one_thr
     monkeypatch.setattr(kv_cache, "growing_kv_cache", counting("cache", lambda model, limit: real_cache(model, limit, start=16)))
     monkeypatch.setattr("aspo_lit.rollout.decode.sample_rows", counting("lean", real_sample))
     monkeypatch.setattr(PreUpdate, "fill_from_update", fill)
+    monkeypatch.setattr(UpdateRecord, "at_last_update", counting("records", UpdateRecord.at_last_update))
     epochs = ("--model.ppo_epochs=2", "--model.shuffle_mini_batches=true")
     assert main(fit_args(testbed, tmp_path, "fast", 8, *epochs)) == 0
     assert calls["cache"] and calls["lean"] and calls["reused"] == 2, calls  # one first mini-batch per rollout batch
+    fast_records = calls["records"]
 
     monkeypatch.setattr(kv_cache, "growing_kv_cache", lambda *a: None)
     monkeypatch.setattr(HFEngine.__init__, "__defaults__", _with_default(HFEngine.__init__, decode="generate"))
     monkeypatch.setattr(ASPOModule, "reuse_first_update_forward", False)
-    calls.update(lean=0, reused=0)
+    monkeypatch.setattr(ASPOModule, "record_last_epoch_only", False)
+    monkeypatch.setattr(fused_logprobs, "KEEP_LOGITS_MAX", 0)
+    calls.update(lean=0, reused=0, records=0)
     assert main(fit_args(testbed, tmp_path, "plain", 8, *epochs)) == 0
     assert calls["lean"] == 0 and calls["reused"] == 0
+    assert calls["records"] == 2 * fast_records  # every epoch of two instead of the last
     fast, plain = (deterministic_part(read_metrics(tmp_path / n)) for n in ("fast", "plain"))
-    assert len(fast) == 2 and fast == plain
+    assert len(fast) == 2 and fast == plain, _debug_diff(fast, plain)
 
 
 def _with_default(function, **changes) -> tuple:
@@ -173,6 +182,39 @@ def test_sampler_old_logprobs_match_recompute_up_to_the_engine_gap(testbed, tmp_
     gap = max(recompute["rollout/logprob_diff_max"], sampler["rollout/logprob_diff_max"])
     for key in close:
         assert sampler[key] == pytest.approx(recompute[key], rel=1e-3, abs=2 * gap), key
+
+
+def test_share_prompt_keeps_the_metrics_with_fewer_tokens(testbed, tmp_path, monkeypatch):
+    """`model.share_prompt` (aspo_lit/forward.py, "Shared prompts"): over one rollout batch of two
+    epochs x two mini-batches, each split into several micro-batches, the policy and reference
+    forwards compute each prompt once per mini-batch (per batch before the update) and the
+    metrics equal the row-by-row run's to rounding."""
+    seen = {}
+    from aspo_lit.module import ASPOModule
+
+    real_configure = ASPOModule.configure_model
+
+    def configure_model(module):
+        real_configure(module)
+        for model in (module.policy, module.ref_policy):
+            model.get_input_embeddings().register_forward_hook(
+                lambda m, i, o: seen.__setitem__(run, seen.get(run, 0) + i[0].numel()))
+
+    monkeypatch.setattr(ASPOModule, "configure_model", configure_model)
+    args = ("--model.ppo_epochs=2", "--model.max_tokens_per_micro_batch=300")  # 2-4 micro-batches a mini-batch
+    for run in ("rows", "shared"):
+        extra = ("--model.share_prompt=true",) if run == "shared" else ()
+        assert main(fit_args(testbed, tmp_path, run, 4, *args, *extra)) == 0
+    assert seen["shared"] < 0.9 * seen["rows"], seen
+    (rows,), (shared,) = (deterministic_part(read_metrics(tmp_path / n)).values() for n in ("rows", "shared"))
+    assert rows.keys() == shared.keys()
+    exact = {k for k in rows if k.startswith(("batch/", "train/reward", "response/"))}
+    assert exact and all(shared[k] == rows[k] for k in exact)  # the same samples
+    close = {k for k in rows if k.startswith(("train/", "ratio/", "clip/", "entropy/", "rollout/"))} - exact
+    assert {"train/pg_loss", "train/kl", "train/grad_norm", "train/entropy", "ratio/pos_mean"} <= close
+    assert any(shared[k] != rows[k] for k in close)  # other bits: the option is on
+    for key in close:
+        assert shared[key] == pytest.approx(rows[key], rel=1e-4, abs=1e-6), key
 
 
 def test_sampler_old_logprobs_refuse_rollout_is_cap():
@@ -235,3 +277,7 @@ def test_heldout_accuracy_rises(testbed, tmp_path):
     # 60 optimizer steps at 2 per rollout batch = 30 batches: one evaluation, after batch 30
     assert len(start) == 1 and len(during) == 1
     assert during[-1] > start[0] + 0.03, (start, during)
+
+
+def _debug_diff(a, b):
+    return {s: {k: (a[s][k], b[s].get(k)) for k in a[s] if a[s][k] != b[s].get(k)} for s in a}

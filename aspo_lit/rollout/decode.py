@@ -23,9 +23,11 @@ sample is read from ``log_softmax`` of the processed (or, ``raw``, unprocessed) 
 engine's recorder reads it inside ``generate``.
 
 Exactness: a row's numbers equal ``generate``'s when the BLAS gives a row the same bits whatever
-the number of rows in the matrix product. With one torch thread MKL does for three or more rows
-(the loop never computes fewer than ``min_rows``), and the samples and log-probs are ``generate``'s
-bit for bit (tests/test_rollout.py). With more threads MKL may split a product of another height
+the number of rows in the matrix product. With one torch thread MKL does for 16 or more rows (on
+AVX-512 CPUs it computes products of 4-15 rows with other kernels, whose last bits differ; on
+AVX2 ones from 3 rows), so the loop never computes fewer than ``min_rows`` = 16 rows (or the
+call's rows, when fewer), and the samples and log-probs are ``generate``'s bit for bit
+(tests/test_rollout.py). With more threads MKL may split a product of another height
 differently, so a row can round differently in the last bit and, rarely, a sample differs from
 the one ``generate`` would have drawn; the sampler is the same distribution, and the same seed on
 the same machine and thread count gives the same run.
@@ -52,8 +54,8 @@ __all__ = ["DecodeResult", "lean_decoding_applies", "sample_rows"]
 
 #: compact the batch once the unfinished rows are at most this share of the rows computed
 COMPACT_AT = 0.75
-#: never compute fewer rows than this (MKL computes 1-2 rows with other kernels, other bits)
-MIN_ROWS = 4
+#: never compute fewer rows than this (MKL computes fewer with other kernels, other bits: module docstring)
+MIN_ROWS = 16
 
 
 @dataclass

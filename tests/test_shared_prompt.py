@@ -1,0 +1,118 @@
+"""The shared-prompt path (aspo_lit/forward.py, "Shared prompts"; `model.share_prompt`): each
+distinct prompt computed once, its responses against its KV cache. Values, entropy and gradients
+equal the row-by-row path's to rounding, with fewer tokens through the model; the mini-batch form
+(`PromptStates.leaves` + `prompt_backward_term`) gives the gradient of the whole mini-batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aspo_lit.forward import (distinct_prompts, encode_prompts, prompt_backward_term, prompt_sharing_applies,
+                              response_logprobs, responses_from_prompts)
+from aspo_lit.microbatch import trim_to_micro_batch
+from aspo_lit.rollout.base import Completion
+from aspo_lit.rollout.batch import pack_rollouts
+from tests.test_fused_logprobs import TOL, VOCAB, naive_response_logprobs, tiny_model
+
+
+def grouped_batch(seed: int = 0) -> dict:
+    """Three prompts (2, 5 and 3 tokens, left-padded) with G = 3 responses each (0..7 tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in (2, 5, 3)]
+    completions = [[Completion(torch.randint(1, VOCAB, (n,), generator=g).tolist(), "", "stop") for n in lengths]
+                   for lengths in ((7, 3, 5), (1, 6, 2), (0, 4, 7))]
+    return pack_rollouts(prompts, completions, pad_token_id=0)
+
+
+def _token_counter(model) -> list[int]:
+    seen: list[int] = []
+    model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].numel()))
+    return seen
+
+
+def test_distinct_prompts_in_row_order():
+    ids = torch.tensor([[0, 5, 1], [0, 5, 2], [7, 5, 3], [0, 5, 4]])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [0, 1, 1]])
+    first, owner = distinct_prompts(ids, mask, prompt_length=2)
+    assert first.tolist() == [0, 2] and owner.tolist() == [0, 0, 1, 0]
+    # same ids, other padding: another prompt
+    first, owner = distinct_prompts(ids, torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1], [0, 1, 1]]), 2)
+    assert first.tolist() == [0, 1, 2] and owner.tolist() == [0, 1, 2, 0]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_shared_prompt_equals_naive(arch, tied):
+    model = tiny_model(arch, tied)
+    packed = grouped_batch()
+    P, temperature, mask = packed["prompt_length"], 0.8, packed["response_mask"]
+    upstream = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    params = list(model.parameters())
+    seen = _token_counter(model)
+
+    lp, entropy = response_logprobs(model, packed["input_ids"], packed["attention_mask"], P,
+                                    temperature=temperature, chunk_size=5, with_entropy=True, share_prompt=True)
+    grads = torch.autograd.grad((lp * upstream).sum(), params)
+    rows, width = packed["input_ids"].shape
+    assert seen == [3 * P, rows * (width - P)]  # the 3 prompts once, then the response columns alone
+    ref_lp, ref_entropy = naive_response_logprobs(model, packed, temperature)
+    ref_grads = torch.autograd.grad((ref_lp * upstream).sum(), params)
+    torch.testing.assert_close(lp, ref_lp, **TOL)
+    torch.testing.assert_close(entropy, ref_entropy, **TOL)
+    for (name, _), got, want in zip(model.named_parameters(), grads, ref_grads):
+        torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{name}: {m}")
+    assert "forward" not in vars(model.get_output_embeddings())
+
+
+def test_prompts_encoded_once_for_every_micro_batch():
+    """The mini-batch form: prompts encoded once, micro-batches of other widths backward into the
+    leaves, one prompt backward: the gradient of the whole mini-batch."""
+    model = tiny_model("qwen2", tied=True)
+    packed = grouped_batch(seed=3)
+    P, mask = packed["prompt_length"], packed["response_mask"]
+    lengths = mask.sum(1).long()
+    upstream = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2)) * mask
+    params = list(model.parameters())
+    first, owner = distinct_prompts(packed["input_ids"], packed["attention_mask"], P)
+    computed = encode_prompts(model, packed["input_ids"][first, :P], packed["attention_mask"][first, :P])
+    leaves = computed.leaves()
+    for rows in (torch.tensor([0, 4, 8]), torch.tensor([1, 2, 3, 5]), torch.tensor([6, 7])):  # prompts mixed
+        ids, att = trim_to_micro_batch(packed["input_ids"], packed["attention_mask"], P, lengths, rows)
+        lp, _ = responses_from_prompts(model, ids, att, P, leaves, owner[rows])
+        (lp * upstream[rows, :lp.shape[1]]).sum().backward()
+    prompt_backward_term(computed, leaves).backward()
+    grads = [p.grad.clone() for p in params]
+
+    ref_lp, _ = naive_response_logprobs(model, packed, 1.0)
+    ref_grads = torch.autograd.grad((ref_lp * upstream).sum(), params)
+    for (name, _), got, want in zip(model.named_parameters(), grads, ref_grads):
+        torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def test_where_prompt_sharing_applies(monkeypatch):
+    model = tiny_model("llama", tied=False)
+    assert prompt_sharing_applies(model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert not prompt_sharing_applies(model.train())
+    model.gradient_checkpointing_disable()
+    monkeypatch.setattr(model.config, "model_type", "gemma2")  # not a fused family
+    assert not prompt_sharing_applies(model)
+
+
+def test_share_prompt_refusals(testbed_path):
+    from aspo_lit.module import ASPOModule
+
+    with pytest.raises(ValueError, match="gradient_checkpointing"):
+        ASPOModule(model_name_or_path=testbed_path, share_prompt=True, gradient_checkpointing=True)
+    module = ASPOModule(model_name_or_path=testbed_path, share_prompt=True)
+    module._device_mesh = object()  # what FSDP2Strategy sets
+    with pytest.raises(ValueError, match="unsharded"):
+        module.configure_model()
+
+
+@pytest.fixture(scope="module")
+def testbed_path() -> str:
+    from aspo_lit.testbed import build_testbed
+
+    return str(build_testbed())
