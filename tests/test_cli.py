@@ -66,6 +66,17 @@ def _effective(capsys, *configs) -> dict:
     return _flatten(yaml.safe_load(out.out))
 
 
+def test_fast_settings_change_only_their_keys(capsys):
+    """conf/tiny/fast.yaml after a testbed config: share_prompt on and the 2,048-token budget,
+    every other effective value the testbed config's own."""
+    plain = _effective(capsys, "conf/tiny/aspo_long.yaml")
+    fast = _effective(capsys, "conf/tiny/aspo_long.yaml", "conf/tiny/fast.yaml")
+    changed = {k for k in plain.keys() | fast.keys() if plain.get(k) != fast.get(k)}
+    assert changed == {"model.share_prompt", "model.max_tokens_per_micro_batch"}, changed
+    assert fast["model.share_prompt"] is True and plain["model.share_prompt"] is False
+    assert fast["model.max_tokens_per_micro_batch"] == 2048
+
+
 def _flatten(tree, prefix=""):
     if isinstance(tree, dict):
         return {k: v for key, value in tree.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
