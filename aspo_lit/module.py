@@ -122,9 +122,9 @@ class ASPOModule(LightningModule):
             π_old's on the first mini-batch, π_θ after the optimizer steps before it on the
             others (the authors' code takes this entropy from its update pass too); with one
             epoch ``entropy/measured_change`` is then 0. The reference pass stays.
-        share_prompt: compute each distinct prompt of a micro-batch once, its KV cache shared by
-            the group's G responses (`aspo_lit.forward`, "Shared prompts"), in every policy and
-            reference forward. The same maths; the prompt's sums run in other shapes, so the
+        share_prompt: compute each distinct prompt once per mini-batch (once per rollout batch
+            before the update), its KV cache shared by the group's G responses in every
+            micro-batch (`aspo_lit.forward`, "Shared prompts"), for the policy and the reference. The same maths; the prompt's sums run in other shapes, so the
             log-probs move by rounding (~1e-6), not bit for bit: off by default, so a run's
             numbers do not change with it. On the testbeds the prompt is a quarter of a row's
             tokens (docs/performance.md). Unsharded policies only (refused under FSDP2), and
