@@ -37,7 +37,7 @@ all its micro-batches: the micro-batches' backwards accumulate into `PromptState
 `prompt_backward_term` carries that sum through the prompt pass once. The log-probs, entropy
 and gradients are the row-by-row ones in exact arithmetic; in floating point the prompt's matmuls
 and attention run in other shapes, so they agree to rounding (~1e-6 on the testbeds,
-tests/test_fused_logprobs.py), not bit for bit. It applies (`prompt_sharing_applies`) to the
+tests/test_shared_prompt.py), not bit for bit. It applies (`prompt_sharing_applies`) to the
 fused model families with plain ``DynamicLayer`` caches, without gradient checkpointing
 (transformers drops the cache under it), on an unsharded model: with FSDP2 a layer reshards after
 its backward, possibly before the gradient reaching its shared prompt through the cache needs its
@@ -119,17 +119,30 @@ def response_logprobs(
             prompts = encode_prompts(model, input_ids[first, :prompt_length], attention_mask[first, :prompt_length])
             return responses_from_prompts(model, input_ids, attention_mask, prompt_length, prompts, owner,
                                           temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
-    labels = input_ids[:, prompt_length:]
+    inputs = _model_inputs(input_ids, attention_mask, num_response)
+    return _with_fused_head(model, head, input_ids[:, prompt_length:], inputs,
+                            temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+
+
+def _with_fused_head(model, head, labels: Tensor, inputs: dict, *, first_hidden: Tensor | None = None,
+                     temperature: float, chunk_size: int, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """``model(**inputs)`` with its head's ``forward`` swapped for the fused log-prob reduction of
+    ``labels``: the head receives one more position than ``labels`` (the last predicts nothing);
+    ``first_hidden`` ``[B, 1, H]``, when given, is the hidden state that predicts ``labels[:, 0]``
+    (a shared prompt's last position), put before the head's positions."""
     entropy: list[Tensor | None] = [None]
 
-    def fused_head(hidden: Tensor) -> Tensor:  # hidden [B, T+1, H]; the last position predicts nothing
+    def fused_head(hidden: Tensor) -> Tensor:  # hidden [B, T+1, H], or [B, T, H] after first_hidden
+        hidden = hidden[:, :-1]
+        if first_hidden is not None:
+            hidden = torch.cat([first_hidden.to(hidden.dtype), hidden], dim=1)
         logprobs, entropy[0] = fused_linear_logprobs(
-            hidden[:, :-1], head.weight, labels, head.bias,
+            hidden, head.weight, labels, head.bias,
             temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
         return logprobs
 
     with _head_forward(head, fused_head):
-        out = model(**_model_inputs(input_ids, attention_mask, num_response))
+        out = model(**inputs)
     return out.logits, entropy[0]
 
 
@@ -171,8 +184,8 @@ class PromptStates:
 
     def leaves(self) -> "PromptStates":
         """The same values as leaves of a new graph (each requires grad): the responses' backwards
-        accumulate into their ``.grad``, and `backward_term` carries the sum through the prompt
-        pass once."""
+        accumulate into their ``.grad``, and `prompt_backward_term` carries the sum through the
+        prompt pass once."""
         detach = lambda t: t.detach().requires_grad_(True)  # noqa: E731
         return PromptStates([detach(k) for k in self.keys], [detach(v) for v in self.values], detach(self.last_hidden))
 
@@ -222,24 +235,13 @@ def responses_from_prompts(
     """`response_logprobs` of rows whose prompts were computed by `encode_prompts`: only the
     response columns of ``input_ids`` run, against the cache of each row's prompt
     (``prompts``' entry ``owner[row]``)."""
-    head = _fusable_head(model)
     labels = input_ids[:, prompt_length:]
-    last_hidden = prompts.last_hidden[owner]
-    entropy: list[Tensor | None] = [None]
-
-    def fused_head(hidden: Tensor) -> Tensor:  # hidden [B, T, H] of the response columns
-        hidden = torch.cat([last_hidden.to(hidden.dtype), hidden[:, :-1]], dim=1)
-        logprobs, entropy[0] = fused_linear_logprobs(
-            hidden, head.weight, labels, head.bias,
-            temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
-        return logprobs
-
-    with _head_forward(head, fused_head):
-        out = model(input_ids=labels, attention_mask=attention_mask,
-                    position_ids=position_ids_from_mask(attention_mask)[:, prompt_length:],
-                    past_key_values=prompts.cache_for(owner, model.config), use_cache=False,
-                    logits_to_keep=labels.shape[1])
-    return out.logits, entropy[0]
+    inputs = dict(input_ids=labels, attention_mask=attention_mask,
+                  position_ids=position_ids_from_mask(attention_mask)[:, prompt_length:],
+                  past_key_values=prompts.cache_for(owner, model.config), use_cache=False,
+                  logits_to_keep=labels.shape[1])
+    return _with_fused_head(model, _fusable_head(model), labels, inputs, first_hidden=prompts.last_hidden[owner],
+                            temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
 
 
 def response_logprobs_unfused(

@@ -89,9 +89,10 @@ class _FusedLinearLogprobs(torch.autograd.Function):
             h = hidden[span].to(weight.dtype)
             g = grad_logprobs[span, None].float()
             # softmax from the saved log Z, then ∂lp/∂z in place: (onehot − softmax)·g/τ
-            z = ctx.kept_logits[i] if ctx.kept_logits is not None else _logits_fp32(h, weight, bias, ctx.temperature)
-            dz = z.sub(log_z[span, None]).exp_()
-            del z
+            if ctx.kept_logits is not None:  # out of place: the kept logits stay for a retained graph
+                dz = ctx.kept_logits[i].sub(log_z[span, None]).exp_()
+            else:
+                dz = _logits_fp32(h, weight, bias, ctx.temperature).sub_(log_z[span, None]).exp_()
             dz.mul_(-g).scatter_add_(-1, labels[span, None], g)
             if ctx.temperature != 1.0:
                 dz.div_(ctx.temperature)
