@@ -27,7 +27,7 @@ from aspo_lit.metrics import AvgAtK, PassAtK
 from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_and_broadcast, shard_decoder_layers
 from aspo_lit.rollout.batch import RolloutBatch
 from aspo_lit.sampler_mismatch import mismatch_stats, truncated_is_weights
-from aspo_lit.seeding import derived_seed
+from aspo_lit.seeding import derived_seed, run_seed
 from aspo_lit.stats import Stat, StatAccumulator
 from aspo_lit.step import StepOutput
 
@@ -87,7 +87,8 @@ class ASPOModule(LightningModule):
         mini_batch_size: prompts per optimizer step over all ranks (paper: 16 of a 64-prompt batch),
             split in responses: each rank takes ``mini_batch_size * G / world_size`` of its rows.
         shuffle_mini_batches: shuffle each rank's rows before every epoch's mini-batch split
-            (``seed``); default off, as verl and the authors' code, which keeps the optimizer steps
+            (``seed``: null takes the run's ``seed_everything``); default off, as verl and the authors' code,
+            which keeps the optimizer steps
             independent of the number of processes.
         micro_batch_size: responses per forward/backward when ``max_tokens_per_micro_batch`` is null
             (memory only; the gradient does not change).
@@ -163,7 +164,7 @@ class ASPOModule(LightningModule):
         rollout_is_cap: float | None = None,
         old_logprobs: str = "recompute",
         share_prompt: bool = False,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         _validate_hparams(locals())
@@ -180,7 +181,7 @@ class ASPOModule(LightningModule):
         # DataModule hparams and refuses one key with two values (the DataModule has its own seed).
         self.save_hyperparameters(ignore=["loss", "seed"])
         self.hparams["model_name_or_path"] = model_name_or_path  # LightningCLI saves the unresolved config value
-        self.seed = seed  # only for shuffle_mini_batches
+        self.seed = run_seed(seed)  # only for shuffle_mini_batches; null: the run's seed_everything
         self.hparams["loss_name"] = loss if isinstance(loss, str) else type(loss).__name__
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
@@ -568,12 +569,14 @@ class ASPOModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["aspo_lit"] = {"skipped_steps_total": self.skipped_steps_total,
-                                  "nonfinite_in_a_row": self._nonfinite_in_a_row}
+                                  "nonfinite_in_a_row": self._nonfinite_in_a_row, "seed": self.seed}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("aspo_lit", {})
         self.skipped_steps_total = state.get("skipped_steps_total", 0)
         self._nonfinite_in_a_row = state.get("nonfinite_in_a_row", 0)
+        if state.get("seed") is not None:  # a resumed run keeps its own shuffles (seed_everything may be random)
+            self.seed = int(state["seed"])
 
     def export_hf(self, out_dir: str) -> str:
         """Save the policy in HF format (`save_pretrained`) with its tokenizer, for vLLM evaluation."""

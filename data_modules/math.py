@@ -20,7 +20,7 @@ from aspo_lit.advantages import group_advantages
 from aspo_lit.prompts import encode_prompt
 from aspo_lit.rewards.math import RewardFn
 from aspo_lit.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_engine, pack_rollouts
-from aspo_lit.seeding import derived_seed
+from aspo_lit.seeding import derived_seed, run_seed
 from aspo_lit.stats import Stat
 from data_modules.fields import math_row
 from data_modules.mixture import Source, load_mixture, mixture_stats
@@ -59,7 +59,8 @@ class MathRLDataModule(LightningDataModule):
         overlong_penalty_factor: the penalty at the hard limit.
         prompt_template: ``chat`` (the tokenizer's chat template) or ``plain``.
         on_bad_row: ``error`` (stop, naming file and row) or ``skip`` (count and log).
-        seed: shuffling and sampling seed.
+        seed: shuffling and sampling seed; null (the default) takes the run's ``seed_everything``,
+            so that one key seeds a run (aspo_lit/seeding.py).
     """
 
     def __init__(
@@ -88,11 +89,13 @@ class MathRLDataModule(LightningDataModule):
         overlong_penalty_factor: float = 1.0,
         prompt_template: str = "chat",
         on_bad_row: str = "error",
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         _validate(locals())
         self.save_hyperparameters(ignore=["engine", "reward"])
+        # the seed used (hparams keep the config's value; null = seed_everything's, in config.yaml)
+        self.seed = run_seed(seed)  # LightningCLI has run seed_everything before building the classes
         self._engine_spec = engine
         self._reward = reward
         # the sources as given (LightningCLI gives `Source` objects; `hparams` holds their config form)
@@ -107,6 +110,17 @@ class MathRLDataModule(LightningDataModule):
         if self.hparams.batch_size % world:
             raise ValueError(f"data.batch_size={self.hparams.batch_size} must be divisible by the "
                              f"number of processes ({world})")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A resumed run keeps its own seed (``seed_everything: true`` draws a new one each launch)."""
+        seed = state_dict.get("seed")
+        if seed is not None and seed != self.seed:
+            log.warning("resuming a run of seed %s: its rollouts and shuffles continue from that seed, not %s",
+                        seed, self.seed)
+            self.seed = int(seed)
 
     # --- data -----------------------------------------------------------------------------
 
@@ -188,7 +202,7 @@ class MathRLDataModule(LightningDataModule):
     def train_dataloader(self) -> PromptBatches:
         if self.train_batches is None:
             rows = self._encode(self.load_train_rows(), "train")
-            self.train_batches = PromptBatches(rows, self.hparams.batch_size, seed=self.hparams.seed)
+            self.train_batches = PromptBatches(rows, self.hparams.batch_size, seed=self.seed)
         return self.train_batches
 
     def val_dataloader(self):
@@ -245,7 +259,7 @@ class MathRLDataModule(LightningDataModule):
             return batch
         if self.trainer.training:
             counter = self.train_batches.mark_consumed()
-            return self.rollout(self._rank_share(batch), seed=derived_seed(self.hparams.seed, counter))
+            return self.rollout(self._rank_share(batch), seed=derived_seed(self.seed, counter))
         return self.evaluate(batch)
 
     def _generate(self, records, n: int, sampling: SamplingConfig):
@@ -364,7 +378,7 @@ class MathRLDataModule(LightningDataModule):
         """K samples per held-out prompt at the evaluation temperature, graded: correctness [P, K]."""
         hp = self.hparams
         sampling = SamplingConfig(temperature=hp.val_temperature, top_p=1.0, max_tokens=hp.max_response_length,
-                                  stop=hp.stop, seed=hp.seed)
+                                  stop=hp.stop, seed=self.seed)
         completions, _, _ = self._generate(records, hp.val_k, sampling)
         texts = [c.text for group in completions for c in group]
         golds = [r["answer"] for r in records for _ in range(hp.val_k)]
