@@ -162,11 +162,13 @@ def test_rollouts_always_use_current_weights(tiny_model_dir, tmp_path):
     checks = _fit(tiny_model_dir, ArithmeticRLDataModule, tmp_path)
     assert len(checks) == 4
     assert len({policy for _, policy in checks}) == 4, "the policy must change between steps for this test"
-    assert all(sampled == pytest.approx(policy, abs=1e-9) for sampled, policy in checks)
+    # float64 sums of the same fp32 values in the same order: equal weights give exactly equal sums
+    assert all(sampled == policy for sampled, policy in checks)
 
 
 def test_stale_weight_scenario_is_detected(tiny_model_dir, tmp_path):
     checks = _fit(tiny_model_dir, PrefetchedRollouts, tmp_path)
+    # equal weights: exactly equal sums (above); one update (lr 5e-3) moves the sum by far more than 1e-6
     stale = [abs(sampled - policy) > 1e-6 for sampled, policy in checks]
     assert stale[0] is False and all(stale[1:]), "prefetched rollouts should be one step stale"
 
@@ -178,3 +180,28 @@ def test_invalid_datamodule_settings_name_the_key():
         MathRLDataModule(top_p=0.0)
     with pytest.raises(ValueError, match="data.adv_norm"):
         MathRLDataModule(adv_norm="mad")
+
+
+def test_the_run_seed_is_seed_everythings_and_a_resumed_run_keeps_its_own(tiny_model_dir, monkeypatch):
+    """`seed: null` (the default) takes the seed `seed_everything` recorded (PL_GLOBAL_SEED), an explicit
+    seed wins, and a checkpoint's seed wins on resume (`seed_everything: true` draws another each launch)."""
+    from lightning.pytorch import seed_everything
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # restored after the test: seed_everything sets it
+    seed_everything(5)
+    dm = ArithmeticRLDataModule(num_train=16, num_val=0)
+    module = ASPOModule(model_name_or_path=str(tiny_model_dir))
+    assert dm.seed == 5 and module.seed == 5 and dm.hparams.seed is None
+    assert ArithmeticRLDataModule(num_train=16, num_val=0, seed=7).seed == 7
+    assert ASPOModule(model_name_or_path=str(tiny_model_dir), seed=7).seed == 7
+    monkeypatch.delenv("PL_GLOBAL_SEED")
+    assert ArithmeticRLDataModule(num_train=16, num_val=0).seed == 0  # nothing seeded: Lightning's default
+    checkpoint: dict = {}
+    module.on_save_checkpoint(checkpoint)
+    state = dm.state_dict()
+    seed_everything(9)
+    resumed_dm, resumed = ArithmeticRLDataModule(num_train=16, num_val=0), ASPOModule(model_name_or_path=str(tiny_model_dir))
+    assert resumed_dm.seed == resumed.seed == 9
+    resumed_dm.load_state_dict(state)
+    resumed.on_load_checkpoint(checkpoint)
+    assert resumed_dm.seed == resumed.seed == 5
