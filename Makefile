@@ -15,11 +15,11 @@ export ASPO_DATA_DIR ?= $(abspath ../shared/data)
 endif
 space := $(subst ,, )
 
-.PHONY: setup test test-all demo testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short study-v2 bench clean help
+.PHONY: setup test test-numerics test-all demo demo-seeds testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short study-v2 bench clean help
 .PHONY: testbed-code tiny-code reproduce-table2 bench-code reproduce-table3
 
 help:
-	@echo "make demo | test | test-all | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | bench"
+	@echo "make demo | demo-seeds | test | test-numerics | test-all | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | bench"
 	@echo "code:  make testbed-code | tiny-code | reproduce-table2 [PROFILE=tiny] | bench-code"
 	@echo "out of domain:  make reproduce-table3 [PROFILE=tiny]"
 
@@ -29,9 +29,22 @@ $(STAMP): pyproject.toml scripts/setup_cpu.sh constraints.txt
 
 setup: $(STAMP)
 
-# Default suite (< 10 min on 2 cores). CI (CI=true) also runs the slow end-to-end tests and lists the 30 slowest.
+# Default suite (< 10 min on 2 cores). CI (CI=true) also runs the slow end-to-end tests and lists the 30 slowest,
+# then test-numerics.
 test: $(STAMP)
 	$(PY) -m pytest -q $(if $(filter true,$(CI)),--durations=30,-m "not slow") $(PYTEST_ARGS)
+	$(if $(filter true,$(CI)),@$(MAKE) --no-print-directory test-numerics)
+
+# The numerics tests (-m numerics, not slow) once more under each of three other CPU kernel settings:
+# torch's scalar and AVX2 kernels, MKL's AVX2 code path (docs/design.md, "Tolerances in tests").
+NUMERICS_SETTINGS := ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+test-numerics: $(STAMP)
+	@for setting in $(NUMERICS_SETTINGS); do \
+	  echo "== numerics tests under $$setting"; start=$$(date +%s); \
+	  env $$setting $(PY) -m pytest -q -m "numerics and not slow" \
+	    || { echo "FAILED: the numerics tests under $$setting (rerun: $$setting $(PY) -m pytest -m numerics)"; exit 1; }; \
+	  echo "== $$setting: passed in $$(( $$(date +%s) - start )) s"; \
+	done
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
@@ -55,6 +68,12 @@ rehearse: $(STAMP)
 demo: $(STAMP)
 	@$(PY) -m aspo_lit build-testbed
 	$(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml
+
+# The demo over seeds 0-4, 2 runs at a time, then the table of docs/demo.md (~15 min on 2 cores); then
+# each run can be checked against the shipped reference: python -m aspo_lit compare runs/demo_seeds/s0/version_0 --reference demo
+demo-seeds: $(STAMP)
+	@$(PY) -m aspo_lit build-testbed
+	$(PY) -m experiments.seeds --config conf/tiny/aspo.yaml --seeds 0 1 2 3 4 --out runs/demo_seeds
 
 # PROFILE=paper (default): evaluate conf/table1.yaml's rows (GPU node), Table 1 beside the paper.
 # PROFILE=tiny: the same pipeline on the CPU testbed; trains the short GRPO/ASPO runs first unless

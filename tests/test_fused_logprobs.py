@@ -1,33 +1,85 @@
 """Fused linear log-probs (hidden states + LM-head weight, chunked) against the naive full-logits path:
 values, entropy and gradients (of hidden, of the head weight and bias, and of every model parameter
-through `response_logprobs`), tied and untied heads, padded rows, under FSDP2 too."""
+through `response_logprobs`), tied and untied heads, padded rows, under FSDP2 too.
+
+Every fp32 comparison runs the same maths in float64 beside it: the path under test must be as
+accurate as the trusted fp32 one (`tests.tolerance.assert_as_accurate`; docs/design.md, "Tolerances
+in tests")."""
 
 from __future__ import annotations
 
+import copy
+import math
 import os
 import socket
 
 import pytest
 import torch
+from torch.nn import functional as F
 
 from aspo_lit.forward import response_logprobs, response_logprobs_unfused
 from aspo_lit.fused_logprobs import fused_linear_logprobs
 from aspo_lit.rollout.base import Completion
 from aspo_lit.rollout.batch import pack_rollouts, position_ids_from_mask
+from tests.tolerance import assert_as_accurate, assert_within, gamma, log_softmax_tol, rounding_tol
 
-TOL = dict(rtol=1e-5, atol=1e-5)
+pytestmark = pytest.mark.numerics
 VOCAB = 50
+
+
+def fp32_or_wider(t: torch.Tensor) -> torch.Tensor:
+    """fp32 maths, float64 for the float64 reference."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def log_softmax_and_entropy(logits: torch.Tensor, temperature: float):
+    """Full-vocabulary log_softmax and entropy, the entropy as chunk_forward writes it, log Z - E_softmax[z]
+    (so that an fp32 reference rounds the same maths: -Σ p·log p rounds less near one-hot logits)."""
+    z = fp32_or_wider(logits) / temperature
+    logp = torch.log_softmax(z, dim=-1)
+    return logp, torch.logsumexp(z, dim=-1) - (logp.exp() * z).sum(-1)
 
 
 def naive(hidden, weight, labels, bias=None, temperature=1.0):
     logits = hidden @ weight.T + (bias if bias is not None else 0.0)
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    entropy = -(logp.exp() * logp).sum(-1)
+    logp, entropy = log_softmax_and_entropy(logits, temperature)
     return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1), entropy
 
 
 def _grads(loss, tensors):
     return torch.autograd.grad(loss, tensors)
+
+
+def head_error_bounds(hidden, weight, bias, labels, upstream, temperature=1.0) -> dict[str, torch.Tensor | float]:
+    """First-order a-priori bounds on |fp32 - exact| of lp, entropy and the gradients of (lp·upstream).sum()
+    w.r.t. hidden, weight and bias, for z = (h·Wᵀ + b)/τ then the log-softmax, in any order of the sums:
+    z is off by γ_{H+2}·(|h||W|ᵀ + |b|)/τ (H products and sums, + b, /τ), which moves lp by <= 2 max δz and
+    H by <= 2 log V max δz (∂H/∂z_j = -softmax_j (z_j - E z)); softmax_j = exp(z_j - log Z) is then off by a
+    relative lp-bound + 2 max δz + 3u, g = (onehot - softmax)·upstream/τ by that and 3u more (×, scatter-add,
+    /τ) of G = (onehot + softmax)|upstream|/τ >= |g|; the gradients are V-term (hidden) and n-token (weight,
+    bias) sums of g: γ_V·G|W| and γ_n·Gᵀ|h| plus the error of g carried through them."""
+    h, W = hidden.detach().double().reshape(-1, hidden.shape[-1]), weight.detach().double()
+    b = bias.detach().double() if bias is not None else torch.zeros(W.shape[0], dtype=torch.float64)
+    (n, H), V = h.shape, W.shape[0]
+    z = (h @ W.T + b) / temperature
+    z_err = (gamma(H + 2) * (h.abs() @ W.abs().T + b.abs()) / temperature).max().item()
+    lp_tol, entropy_tol = log_softmax_tol(z)  # the rounding of /τ is in z_err
+    softmax_rel = lp_tol + 2 * z_err + rounding_tol(torch.float32, 3)
+    onehot = torch.nn.functional.one_hot(labels.reshape(-1), V).double()
+    G = (onehot + z.softmax(-1)) * upstream.detach().double().reshape(-1, 1).abs() / temperature
+    g_err = (softmax_rel + rounding_tol(torch.float32, 3)) * G
+    return {"lp": lp_tol + 2 * z_err, "entropy": entropy_tol + 2 * math.log(V) * z_err,
+            "hidden": ((gamma(V) * G + g_err) @ W.abs()).view(hidden.shape),
+            "weight": (gamma(n) * G + g_err).T @ h.abs(), "bias": (gamma(n) * G + g_err).sum(0)}
+
+
+def float64_copies(tensors):
+    return [t.detach().double().requires_grad_(t.requires_grad) if t is not None else None for t in tensors]
+
+
+def assert_all_as_accurate(got, ref, truth, names):
+    for name, g, r, t in zip(names, got, ref, truth, strict=True):
+        assert_as_accurate(g, r, t, name=name)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7, 4096])
@@ -46,12 +98,19 @@ def test_function_equals_naive(chunk_size, temperature, with_bias):
     lp, entropy = fused_linear_logprobs(hidden, weight, labels, bias, temperature=temperature,
                                         chunk_size=chunk_size, with_entropy=True)
     ref_lp, ref_entropy = naive(hidden, weight, labels, bias, temperature)
+    hidden64, weight64, bias64 = float64_copies([hidden, weight, bias])
+    true_lp, true_entropy = naive(hidden64, weight64, labels, bias64, temperature)
+    inputs64 = [hidden64, weight64] + ([bias64] if with_bias else [])
     assert lp.dtype == entropy.dtype == torch.float32 and lp.shape == (B, T)
     assert not entropy.requires_grad
-    torch.testing.assert_close(lp, ref_lp, **TOL)
-    torch.testing.assert_close(entropy, ref_entropy.detach(), **TOL)
-    for got, want in zip(_grads((lp * upstream).sum(), inputs), _grads((ref_lp * upstream).sum(), inputs)):
-        torch.testing.assert_close(got, want, **TOL)
+    bounds = head_error_bounds(hidden, weight, bias, labels, upstream, temperature)
+    names = ["lp", "entropy", "hidden", "weight", "bias"][:len(inputs) + 2]
+    truth = [true_lp, true_entropy, *_grads((true_lp * upstream.double()).sum(), inputs64)]
+    # the fused path and, as a check of the bounds themselves, the naive fp32 one
+    for path, (path_lp, path_entropy) in (("fused", (lp, entropy)), ("naive", (ref_lp, ref_entropy))):
+        got = [path_lp, path_entropy, *_grads((path_lp * upstream).sum(), inputs)]
+        for name, value, want in zip(names, got, truth, strict=True):
+            assert_within(value, want, bounds[name], name=f"{path} {name}")
 
 
 def test_without_entropy_and_validation():
@@ -59,7 +118,8 @@ def test_without_entropy_and_validation():
     labels = torch.tensor([0, 1, VOCAB - 1])
     lp, entropy = fused_linear_logprobs(hidden, weight, labels, chunk_size=2)
     assert entropy is None
-    torch.testing.assert_close(lp, naive(hidden, weight, labels)[0], **TOL)
+    bound = head_error_bounds(hidden, weight, None, labels, torch.zeros(3))["lp"]
+    assert_within(lp, naive(hidden.double(), weight.double(), labels)[0], bound, name="lp")
     with pytest.raises(ValueError, match="labels"):
         fused_linear_logprobs(hidden, weight, torch.tensor([0, 1, VOCAB]))
     with pytest.raises(ValueError, match="hidden"):
@@ -76,17 +136,23 @@ def test_bf16_weights_match_bf16_logits():
     weight = torch.randn(VOCAB, 16, generator=g).bfloat16()
     labels = torch.randint(0, VOCAB, (2, 4), generator=g)
     lp, _ = fused_linear_logprobs(hidden, weight, labels, chunk_size=3)
-    ref = torch.log_softmax((hidden @ weight.T).float(), -1).gather(-1, labels[..., None])[..., 0]
+    # the bf16 logits of the same three products the fused path makes (a GEMM may round a row otherwise
+    # at another height), then fp32 maths: only the log-softmax rounds differently, within its bound
+    logits = torch.cat([F.linear(rows, weight) for rows in hidden.reshape(-1, 16).split(3)]).float().view(2, 4, VOCAB)
     assert lp.dtype == torch.float32
-    torch.testing.assert_close(lp, ref, **TOL)
-    # gradients come back in the inputs' dtype, close to the fp32 maths on the same bf16 values
+    assert_within(lp, torch.log_softmax(logits.double(), -1).gather(-1, labels[..., None])[..., 0],
+                  log_softmax_tol(logits)[0], name="lp")
+    # gradients come back in the inputs' dtype, as accurate as the unfused bf16 path (bf16 logits, fp32
+    # log-softmax, autograd back through the bf16 matmul) against float64 maths on the same bf16 values
     h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     grads = _grads(fused_linear_logprobs(h, w, labels, chunk_size=3)[0].sum(), [h, w])
-    h32, w32 = hidden.float().requires_grad_(True), weight.float().requires_grad_(True)
-    ref_grads = _grads(naive(h32, w32, labels)[0].sum(), [h32, w32])
-    for got, want in zip(grads, ref_grads):
-        assert got.dtype == torch.bfloat16
-        torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=3e-2)
+    h16, w16 = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    ref_grads = _grads(naive(h16, w16, labels)[0].sum(), [h16, w16])
+    h64, w64 = float64_copies([h, w])
+    true_grads = _grads(naive(h64, w64, labels)[0].sum(), [h64, w64])
+    for name, got, want, truth in zip(["hidden", "weight"], grads, ref_grads, true_grads):
+        assert got.dtype == want.dtype == torch.bfloat16
+        assert_as_accurate(got, want, truth, name=name)
 
 
 # --- end to end through response_logprobs on tiny HF models --------------------------------------
@@ -124,9 +190,27 @@ def naive_response_logprobs(model, packed, temperature):
     P = packed["prompt_length"]
     logits = model(input_ids=packed["input_ids"], attention_mask=packed["attention_mask"],
                    position_ids=position_ids_from_mask(packed["attention_mask"]), use_cache=False).logits
-    logp = torch.log_softmax(logits[:, P - 1:-1].float() / temperature, dim=-1)
-    entropy = -(logp.exp() * logp).sum(-1)
+    logp, entropy = log_softmax_and_entropy(logits[:, P - 1:-1], temperature)
     return logp.gather(-1, packed["input_ids"][:, P:, None])[..., 0], entropy.detach()
+
+
+def naive_with_grads(model, packed, temperature, upstream):
+    """The naive path's log-probs, entropy and parameter gradients of (lp · upstream).sum()."""
+    lp, entropy = naive_response_logprobs(model, packed, temperature)
+    grads = _grads((lp * upstream.to(lp.dtype)).sum(), list(model.parameters()))
+    return lp, entropy, grads
+
+
+def float64_truth(model, packed, temperature, upstream):
+    """`naive_with_grads` on a float64 copy of the model: the maths the fp32 paths round."""
+    return naive_with_grads(copy.deepcopy(model).double(), packed, temperature, upstream)
+
+
+def assert_model_outputs_as_accurate(model, got, ref, truth, label=""):
+    """lp, entropy and every parameter's gradient: `got` as accurate as `ref` against `truth`."""
+    names = ["lp", "entropy"] + [name for name, _ in model.named_parameters()]
+    flat = [[lp, entropy, *grads] for lp, entropy, grads in (got, ref, truth)]
+    assert_all_as_accurate(*flat, [f"{label}{name}" for name in names])
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -142,22 +226,19 @@ def test_response_logprobs_equals_naive(arch, tied):
     lp, entropy = response_logprobs(model, packed["input_ids"], packed["attention_mask"], P,
                                     temperature=temperature, chunk_size=5, with_entropy=True)  # 5 ∤ B·T
     grads = _grads((lp * upstream).sum(), params)
-    ref_lp, ref_entropy = naive_response_logprobs(model, packed, temperature)
-    ref_grads = _grads((ref_lp * upstream).sum(), params)
+    ref = naive_with_grads(model, packed, temperature, upstream)
+    truth = float64_truth(model, packed, temperature, upstream)
 
     assert lp.shape == mask.shape and lp.dtype == entropy.dtype == torch.float32
     assert not entropy.requires_grad
-    torch.testing.assert_close(lp, ref_lp, **TOL)
-    torch.testing.assert_close(entropy, ref_entropy, **TOL)
-    for (name, _), got, want in zip(model.named_parameters(), grads, ref_grads):
-        torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{name}: {m}")
+    assert_model_outputs_as_accurate(model, (lp, entropy, grads), ref, truth)
     head = model.get_output_embeddings()
     assert "forward" not in vars(head)  # the head's forward swap was undone
-    # the old logits path (still the fallback) agrees too
+    # the old logits path (still the fallback) is as accurate too
     old_lp, old_entropy = response_logprobs_unfused(model, packed["input_ids"], packed["attention_mask"], P,
                                                     temperature=temperature, chunk_size=5, with_entropy=True)
-    torch.testing.assert_close(lp, old_lp, **TOL)
-    torch.testing.assert_close(entropy, old_entropy, **TOL)
+    assert_as_accurate(old_lp, ref[0], truth[0], name="unfused lp")
+    assert_as_accurate(old_entropy, ref[1], truth[1], name="unfused entropy")
 
 
 def test_head_with_bias_equals_naive():
@@ -171,10 +252,14 @@ def test_head_with_bias_equals_naive():
     lp, _ = response_logprobs(model, packed["input_ids"], packed["attention_mask"], packed["prompt_length"],
                               temperature=1.3, chunk_size=4)
     ref_lp, _ = naive_response_logprobs(model, packed, 1.3)
-    torch.testing.assert_close(lp, ref_lp, **TOL)
-    grads = _grads((lp * upstream).sum(), [head.weight, head.bias])
-    for got, want in zip(grads, _grads((ref_lp * upstream).sum(), [head.weight, head.bias])):
-        torch.testing.assert_close(got, want, **TOL)
+    model64 = copy.deepcopy(model).double()
+    true_lp, _ = naive_response_logprobs(model64, packed, 1.3)
+    assert_as_accurate(lp, ref_lp, true_lp, name="lp")
+    head64 = model64.get_output_embeddings()
+    assert_all_as_accurate(_grads((lp * upstream).sum(), [head.weight, head.bias]),
+                           _grads((ref_lp * upstream).sum(), [head.weight, head.bias]),
+                           _grads((true_lp * upstream.double()).sum(), [head64.weight, head64.bias]),
+                           ["lm_head.weight", "lm_head.bias"])
 
 
 def test_other_model_types_fall_back_to_logits(monkeypatch):
@@ -186,7 +271,8 @@ def test_other_model_types_fall_back_to_logits(monkeypatch):
     lp, _ = response_logprobs(model, packed["input_ids"], packed["attention_mask"], packed["prompt_length"])
     assert called and called[0][-1] == VOCAB  # the real head ran: logits path
     ref_lp, _ = naive_response_logprobs(model, packed, 1.0)
-    torch.testing.assert_close(lp, ref_lp.detach(), **TOL)
+    true_lp, _ = naive_response_logprobs(copy.deepcopy(model).double(), packed, 1.0)
+    assert_as_accurate(lp, ref_lp, true_lp, name="lp")
 
 
 def test_head_forward_restored_after_error():
@@ -251,11 +337,9 @@ def test_fsdp2_two_processes_equal_naive(tmp_path):
         packed = padded_batch()
         mask = packed["response_mask"]
         upstream = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1)) * mask
-        ref_lp, ref_entropy = naive_response_logprobs(model, packed, 0.8)
-        names, params = zip(*model.named_parameters())
-        ref_grads = _grads((ref_lp * upstream).sum(), params)
-        torch.testing.assert_close(lp, ref_lp.detach(), **TOL)
-        torch.testing.assert_close(entropy, ref_entropy, **TOL)
+        ref = naive_with_grads(model, packed, 0.8, upstream)
+        truth = float64_truth(model, packed, 0.8, upstream)
+        names = [name for name, _ in model.named_parameters()]
         assert set(grads) == set(names)
-        for name, want in zip(names, ref_grads):
-            torch.testing.assert_close(grads[name], want, **TOL, msg=lambda m: f"tied={tied} {name}: {m}")
+        got = (lp, entropy, [grads[name] for name in names])
+        assert_model_outputs_as_accurate(model, got, ref, truth, label=f"tied={tied} ")

@@ -1,8 +1,9 @@
 """Policy losses against the paper's own formulas (Prop. 4.1, App. A.2, SPEC "Policy losses").
 
 Every expected value here is written independently of aspo_lit.losses: token weights from the
-SPEC definitions in float64, aggregation weights from eq. 1 / DAPO / Dr.GRPO, gradients compared
-with autograd through the library.
+paper's definitions in float64, aggregation weights from eq. 1 / DAPO / Dr.GRPO, gradients compared
+with autograd through the library. Bounds count the library's fp32 roundings (`ratio_rtol`,
+tests/tolerance.py; docs/design.md, "Tolerances in tests"); exact results are compared exactly.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from aspo_lit.losses import (
     kl_penalty,
     register_policy_loss,
 )
+from tests.tolerance import gamma, reduction_tol, rounding_tol
+
+pytestmark = pytest.mark.numerics
 
 BUILTIN = ["grpo", "grpo_no_is", "grpo_pos_mean", "aspo", "aspo_no_dual_clip", "cispo", "gspo"]
 AGGS = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
@@ -87,8 +91,41 @@ def near_a_bound(log_ratio, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH, c=C, tol=1
     return token_near | row_near
 
 
-def assert_near(actual, expected, rel=1e-5):
-    assert float(actual) == pytest.approx(float(expected), rel=rel)
+def ratio_rtol(log_ratio: torch.Tensor, mask: torch.Tensor) -> float:
+    """Relative error of the library's fp32 token weight w, and of ∂loss/∂lp = -w·A·(aggregation weight),
+    against float64 maths on the same fp32 log-ratio: exp (2 roundings), 1/r as exp(-log r), clamp or c
+    (<= 1), ×A and the backward of the two aggregation divisions (3), a cast of either side (1): 8.
+    GRPO-pos-mean's row mean of T ratios adds γ_T; GSPO's mean log-ratio is off by γ_T·max|log r|
+    absolute, i.e. relative in its exp: T·(1 + max|log r|) roundings more covers both."""
+    max_log_ratio = float(log_ratio.detach().abs().max()) if log_ratio.numel() else 0.0
+    return rounding_tol(torch.float32, 8 + math.ceil(mask.shape[-1] * (1 + max_log_ratio)))
+
+
+#: the hand-computed ASPO gradients: the library's ≤ 6 roundings (exp 2, ×A, the two aggregation
+#: divisions' backward) and the test's own exp of r (2) in float64 otherwise
+HAND_RTOL = rounding_tol(torch.float32, 8)
+
+
+#: a share of exact integer counts (k of n tokens), rounded once to fp32
+COUNT_REL = rounding_tol(torch.float32, 1)
+
+
+def assert_near(actual, expected, rel=HAND_RTOL):
+    assert float(actual) == pytest.approx(float(expected), rel=rel, abs=0)
+
+
+def loss_magnitude(loss_fn, lp, old, adv, mask) -> float:
+    """Σ_t |ℓ_t|·(aggregation weight): the absolute sum of the terms the loss adds up."""
+    inputs = loss_fn.prepare_inputs(lp, old, adv, mask)
+    per_token, _ = loss_fn.token_loss(*inputs, *loss_fn.token_eps(inputs[-1], None))
+    return float(aggregate(per_token.detach().abs(), mask, loss_fn.loss_agg, norm_length=loss_fn.norm_length))
+
+
+def loss_sum_roundings(mask) -> int:
+    """Roundings any term of the aggregated loss passes through: the row sum (T - 1), /|o_i|, the sum of
+    rows (B - 1), /normaliser, and up to 3 micro-batch totals added."""
+    B, T = mask.shape
+    return T + B + 3
 
 
 def grad_wrt_logprobs(loss_fn, lp, old, adv, mask, **kw):
@@ -132,7 +169,8 @@ def test_prop_4_1_grpo_gradient_is_weighted_log_likelihood(agg):
     lp_wll = lp.detach().clone().requires_grad_(True)
     j_wll = (agg_weight(mask, agg).float() * (m * r).detach() * a * lp_wll).sum()
     (grad_wll,) = torch.autograd.grad(-j_wll, lp_wll)
-    torch.testing.assert_close(grad, grad_wll, rtol=1e-5, atol=1e-7)
+    # both fp32, each within ratio_rtol of the same maths; zero-weight tokens are exact zeros on both sides
+    torch.testing.assert_close(grad, grad_wll, rtol=2 * ratio_rtol(lp - old, mask), atol=0)
     # each region behaves as the proof says: clipped and dual-clipped tokens get nothing
     active = grad.view(-1) != 0
     assert active.tolist() == [True, True, True, True, False, False,
@@ -171,7 +209,9 @@ def test_app_a2_positive_aspo_weight_is_inverse_probability_ratio_in_pi():
     mask = torch.ones_like(pi)
     lp = pi.log()
     _, grad, _ = grad_wrt_logprobs(make_loss("aspo", loss_agg="token-mean"), lp, pi_old.log(), adv, mask)
-    torch.testing.assert_close(grad, -(pi_old / pi) / 3, rtol=1e-5, atol=0)
+    # the library's exp(old - lp) from fp32 logs: each log off by 2u·|log p| (<= 3.1 here), the difference and
+    # exp 3u more, then ×A, /3; the test's quotient and /3: (2·(3.1 + 3.0) + 7) = 19.2 roundings
+    torch.testing.assert_close(grad, -(pi_old / pi) / 3, rtol=rounding_tol(torch.float32, 20), atol=0)
 
 
 def test_aspo_no_dual_clip_has_no_cap():
@@ -195,12 +235,15 @@ def test_aspo_forward_values():
     r = (lp - old).exp().view(-1)
     a = adv
     v = per_token.view(-1)
-    torch.testing.assert_close(v[1:4], -a[1:4] / r[1:4])
-    torch.testing.assert_close(v[0], -C * a[0] * lp.view(-1)[0])
-    torch.testing.assert_close(v[10:12], -C * a[10:12] * lp.view(-1)[10:12])
-    torch.testing.assert_close(v[7:10], -a[7:10] * r[7:10])
-    torch.testing.assert_close(v[4:6], -a[4:6] / (1 + EPS_HIGH))     # hard-masked: the flipped bound
-    torch.testing.assert_close(v[6], -a[6] * (1 - EPS_LOW))
+    # fp32 on both sides, <= 8 roundings in all: the library's log1p (2), exp (2) and products, the test's
+    # fp32 constant, exp or quotient and product
+    tol = dict(rtol=rounding_tol(torch.float32, 8), atol=0)
+    torch.testing.assert_close(v[1:4], -a[1:4] / r[1:4], **tol)
+    torch.testing.assert_close(v[0], -C * a[0] * lp.view(-1)[0], **tol)
+    torch.testing.assert_close(v[10:12], -C * a[10:12] * lp.view(-1)[10:12], **tol)
+    torch.testing.assert_close(v[7:10], -a[7:10] * r[7:10], **tol)
+    torch.testing.assert_close(v[4:6], -a[4:6] / (1 + EPS_HIGH), **tol)     # hard-masked: the flipped bound
+    torch.testing.assert_close(v[6], -a[6] * (1 - EPS_LOW), **tol)
 
 
 @pytest.mark.parametrize("name", ["grpo_no_is", "grpo_pos_mean", "cispo", "gspo", "aspo", "aspo_no_dual_clip", "grpo"])
@@ -218,7 +261,8 @@ def test_gradients_match_spec_definitions(name, agg):
     w = reference_weight(name, lp - old, adv.view(-1, 1), mask)
     expected = -agg_weight(mask, agg) * w * adv.view(-1, 1).double()
     keep = ~near_a_bound(lp - old, mask)
-    torch.testing.assert_close(grad.double()[keep], expected[keep], rtol=1e-5, atol=1e-8)
+    # zero-weight tokens (clipped, A = 0) are exact zeros on both sides
+    torch.testing.assert_close(grad.double()[keep], expected[keep], rtol=ratio_rtol(lp - old, mask), atol=0)
 
 
 def test_grpo_pos_mean_uses_response_mean_ratio():
@@ -228,7 +272,10 @@ def test_grpo_pos_mean_uses_response_mean_ratio():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     adv = torch.tensor([2.0])
     weight = effective_token_weight(make_loss("grpo_pos_mean"), lp, old, adv, mask)
-    torch.testing.assert_close(weight, torch.tensor([[0.9333333, 0.9333333, 0.9333333, 0.0]]))
+    expected = torch.tensor([[2.8 / 3] * 3 + [0.0]], dtype=torch.float64)
+    # each r = exp(lp - (lp - log r)) from fp32 values: log (2u·|log r| <= 0.9u), the two subtractions
+    # (u·|lp| each, <= 1.1u), exp (2u); then the sum of 3, /3, ×A and /A of effective_token_weight: < 16
+    torch.testing.assert_close(weight.double(), expected, rtol=rounding_tol(torch.float32, 16), atol=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,7 +298,7 @@ def test_extreme_lagging_positive_token_keeps_capped_gradient_in_aspo():
     lp = old - 50
     _, grad, stats = grad_wrt_logprobs(make_loss("aspo", loss_agg="token-mean"), lp, old, torch.tensor([0.5]),
                                        torch.ones(1, 1))
-    assert grad.item() == pytest.approx(-C * 0.5)
+    assert grad.item() == -C * 0.5  # c·A·(1/1 token): products of small dyadic numbers, exact
     assert float(stats["clip/pos_dual"]) == 1
 
 
@@ -266,7 +313,7 @@ def test_bf16_inputs_use_fp32_maths(name):
     loss_bf16, _ = loss_fn(lp, old, adv, mask)
     loss_fp32, _ = loss_fn(lp.float(), old.float(), adv, mask)
     assert loss_bf16.dtype == torch.float32
-    torch.testing.assert_close(loss_bf16, loss_fp32)
+    assert torch.equal(loss_bf16, loss_fp32)  # bf16 -> fp32 is exact: the same fp32 maths, the same bits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,8 +345,12 @@ def test_micro_batch_accumulation_equals_whole_batch(name, agg):
         loss, _ = loss_fn(micro[0], micro[1], adv[rows], micro[2], normalizer=normalizer)
         loss.backward()
         total = total + loss.detach()
-    torch.testing.assert_close(total, full_loss.detach(), rtol=0, atol=1e-6)
-    torch.testing.assert_close(lp_leaf.grad, full_grad, rtol=0, atol=1e-6)
+    # two fp32 orders of one sum, and GSPO / pos-mean row means over other widths (ratio_rtol per term, twice)
+    rtol = ratio_rtol(lp - old, mask)
+    magnitude = loss_magnitude(loss_fn, lp, old, adv, mask)
+    atol = reduction_tol(torch.float32, loss_sum_roundings(mask), magnitude) + 2 * rtol * magnitude
+    torch.testing.assert_close(total, full_loss.detach(), rtol=0, atol=atol)
+    torch.testing.assert_close(lp_leaf.grad, full_grad, rtol=2 * rtol, atol=0)
 
 
 @pytest.mark.parametrize("agg", AGGS)
@@ -309,15 +360,19 @@ def test_plain_call_normalises_over_exactly_its_tensors(agg):
     for rows in ([0, 1], [2, 3, 4, 5], list(range(6))):
         micro_mask = mask[rows]
         loss, _ = make_loss("grpo", loss_agg=agg)(lp[rows], lp[rows], adv[rows], micro_mask)
-        expected = -(agg_weight(micro_mask, agg) * adv[rows].double().view(-1, 1)).sum()
-        assert loss.item() == pytest.approx(expected.item(), rel=1e-6, abs=1e-7)
+        weighted = agg_weight(micro_mask, agg) * adv[rows].double().view(-1, 1)
+        expected = -weighted.sum()
+        # r = exp(0) = 1 exactly, so ℓ_t = -A exactly: only the fp32 sum rounds, against float64
+        atol = reduction_tol(torch.float32, loss_sum_roundings(micro_mask), float(weighted.abs().sum()), evaluations=1)
+        assert loss.item() == pytest.approx(expected.item(), rel=0, abs=atol)
 
 
 def test_seq_mean_token_sum_norm_uses_norm_length_constant():
     lp, _, adv, mask = random_batch(5)
     loss, _ = make_loss("grpo", loss_agg="seq-mean-token-sum-norm", norm_length=100)(lp, lp, adv, mask)
-    expected = -(agg_weight(mask, "seq-mean-token-sum-norm", norm_length=100) * adv.double().view(-1, 1)).sum()
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    weighted = agg_weight(mask, "seq-mean-token-sum-norm", norm_length=100) * adv.double().view(-1, 1)
+    atol = reduction_tol(torch.float32, loss_sum_roundings(mask), float(weighted.abs().sum()), evaluations=1)
+    assert loss.item() == pytest.approx(-weighted.sum().item(), rel=0, abs=atol)  # ℓ_t = -A exactly, as above
 
 
 def test_all_padding_batch_gives_zero_loss_not_nan():
@@ -330,10 +385,11 @@ def test_all_padding_batch_gives_zero_loss_not_nan():
 def test_aggregate_and_normalizer_directly():
     per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    assert aggregate(per_token, mask, "token-mean").item() == pytest.approx(10 / 4)
-    assert aggregate(per_token, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
-    assert aggregate(per_token, mask, "seq-mean-token-sum-norm").item() == pytest.approx(10 / (2 * 3))
-    assert aggregate(per_token, mask, "token-mean", normalizer=8.0).item() == pytest.approx(10 / 8)
+    # small integers, sums and quotients exactly representable: exact; 10/6 is rounded once
+    assert aggregate(per_token, mask, "token-mean").item() == 10 / 4
+    assert aggregate(per_token, mask, "seq-mean-token-mean").item() == (2 + 4) / 2
+    assert aggregate(per_token, mask, "seq-mean-token-sum-norm").item() == pytest.approx(10 / (2 * 3), rel=COUNT_REL)
+    assert aggregate(per_token, mask, "token-mean", normalizer=8.0).item() == 10 / 8
     assert agg_normalizer(mask, "seq-mean-token-sum-norm", norm_length=10).item() == 20
 
 
@@ -365,7 +421,7 @@ def test_property_gradient_matches_reference(batch, name, agg):
     assert torch.isfinite(loss) and torch.isfinite(grad).all()
     expected = -agg_weight(mask, agg) * reference_weight(name, lp - old, adv.view(-1, 1), mask) * adv.view(-1, 1)
     keep = ~near_a_bound(lp - old, mask)
-    torch.testing.assert_close(grad.double()[keep], expected[keep], rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(grad.double()[keep], expected[keep], rtol=ratio_rtol(lp - old, mask), atol=0)
     assert (grad[mask == 0] == 0).all()
 
 
@@ -389,10 +445,13 @@ def test_property_stats(batch, name):
     if name == "gspo":  # its ratio is the response's sequence ratio (the one it clips)
         r = (((lp - old) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp_min(1)).exp().expand_as(r)
     expected_pos_mean = r[pos].mean().item() if pos.any() else 0.0
-    assert float(stats["ratio/pos_mean"]) == pytest.approx(expected_pos_mean, rel=1e-5)
+    # two fp32 means of the same positive ratios (each ratio within ratio_rtol: GSPO's row means may round
+    # otherwise), each within γ_{n+1} of the exact mean
+    rel = 2 * gamma(int(pos.sum()) + 1) + 2 * ratio_rtol(lp - old, mask)
+    assert float(stats["ratio/pos_mean"]) == pytest.approx(expected_pos_mean, rel=rel, abs=0)
     if name == "grpo" and neg.any():
         expected = ((r < 1 - EPS_LOW) & neg).sum() / neg.sum()
-        assert float(stats["clip/neg_low"]) == pytest.approx(expected.item())
+        assert float(stats["clip/neg_low"]) == pytest.approx(expected.item(), rel=COUNT_REL, abs=0)
 
 
 @settings(max_examples=15, deadline=None)
@@ -407,7 +466,8 @@ def test_property_micro_batch_accumulation(batch, name, agg, split):
     for rows in torch.arange(lp.shape[0]).split(split):
         loss, _ = loss_fn(lp_leaf[rows], old[rows], adv[rows], mask[rows], normalizer=normalizer)
         loss.backward()
-    torch.testing.assert_close(lp_leaf.grad, full_grad, rtol=0, atol=1e-6)
+    # per token, only GSPO's / pos-mean's row means can round otherwise (as in the micro-batch test above)
+    torch.testing.assert_close(lp_leaf.grad, full_grad, rtol=2 * ratio_rtol(lp - old, mask), atol=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,15 +480,18 @@ def test_stats_by_hand():
     adv = torch.tensor([1.0, -1.0])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     _, aspo = make_loss("aspo")(lp, old, adv, mask)
-    assert float(aspo["clip/pos_high"]) == pytest.approx(1 / 3)    # r = 1.5
-    assert float(aspo["clip/pos_dual"]) == pytest.approx(1 / 3)    # 1/r = 5 > c
-    assert float(aspo["clip/neg_low"]) == pytest.approx(1 / 4)     # r = 0.5
-    assert float(aspo["clip/neg_dual"]) == pytest.approx(1 / 4)    # r = 4 > c
-    assert float(aspo["ratio/pos_mean"]) == pytest.approx((1.5 + 1.0 + 0.2) / 3, rel=1e-6)
-    assert float(aspo["ratio/neg_mean"]) == pytest.approx((0.5 + 4 + 1 + 1) / 4, rel=1e-6)
+    assert float(aspo["clip/pos_high"]) == pytest.approx(1 / 3, rel=COUNT_REL)    # r = 1.5
+    assert float(aspo["clip/pos_dual"]) == pytest.approx(1 / 3, rel=COUNT_REL)    # 1/r = 5 > c
+    assert float(aspo["clip/neg_low"]) == 1 / 4     # r = 0.5 (1 of 4: exact)
+    assert float(aspo["clip/neg_dual"]) == 1 / 4    # r = 4 > c
+    # each r = exp((-1 + log r) + 1) in fp32: log (2u·|log r| <= 3.2u), two roundings of |lp| <= 2.7 (5.4u),
+    # exp (2u); then a sum of 3-4 and a division: < 16 roundings
+    rel = rounding_tol(torch.float32, 16)
+    assert float(aspo["ratio/pos_mean"]) == pytest.approx((1.5 + 1.0 + 0.2) / 3, rel=rel, abs=0)
+    assert float(aspo["ratio/neg_mean"]) == pytest.approx((0.5 + 4 + 1 + 1) / 4, rel=rel, abs=0)
     assert float(aspo["clip/pos_high"].weight) == 3 and float(aspo["clip/neg_low"].weight) == 4
     _, grpo = make_loss("grpo")(lp, old, adv, mask)
-    assert float(grpo["clip/pos_dual"]) == 0 and float(grpo["clip/neg_dual"]) == pytest.approx(1 / 4)
+    assert float(grpo["clip/pos_dual"]) == 0 and float(grpo["clip/neg_dual"]) == 1 / 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,10 +504,11 @@ def test_effective_token_weight():
     for name in BUILTIN:
         w = effective_token_weight(make_loss(name), lp, old, adv, mask)
         expected = reference_weight(name, lp - old, adv.view(-1, 1), mask).float()
-        torch.testing.assert_close(w, expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(w, expected, rtol=ratio_rtol(lp - old, mask), atol=0)  # zeros are exact zeros
         assert w[2] == 0 and w[12] == 0          # masked; A = 0
     w_grpo = effective_token_weight(make_loss("grpo"), lp, old, adv, mask)
-    assert w_grpo[1].item() == pytest.approx(r[1].item())   # Prop. 4.1: w = m·r
+    # Prop. 4.1: w = m·r; -(-A·r)/A from the same fp32 r: two roundings
+    assert w_grpo[1].item() == pytest.approx(r[1].item(), rel=rounding_tol(torch.float32, 2), abs=0)
 
 
 def test_entropy_dependent_eps():
@@ -456,9 +520,11 @@ def test_entropy_dependent_eps():
     adv = torch.tensor([1.0])
     loss_fn = get_policy_loss("grpo", eps_high_entropy=0.4, entropy_quantile=0.8)
     w = effective_token_weight(loss_fn, lp, old, adv, mask, entropy=entropy)
-    torch.testing.assert_close(w, torch.tensor([[0, 0, 0, 0, 1.3, 0, 0]]))
+    # r = exp(fl(-1 + fl(log 1.3)) + 1) (the last subtraction exact by Sterbenz): 2 roundings, exp 2, then ×A and
+    # /A, and fp32's 1.3: < 8; the zeros are exact
+    torch.testing.assert_close(w, torch.tensor([[0, 0, 0, 0, 1.3, 0, 0]]), rtol=rounding_tol(torch.float32, 8), atol=0)
     _, stats = loss_fn(lp, old, adv, mask, entropy=entropy)
-    assert float(stats["clip/pos_high"]) == pytest.approx(4 / 5)
+    assert float(stats["clip/pos_high"]) == pytest.approx(4 / 5, rel=COUNT_REL)
     with pytest.raises(ValueError, match="entropy"):
         loss_fn(lp, old, adv, mask)
 
@@ -470,14 +536,15 @@ def test_kl_penalty_kinds():
     lp = torch.tensor([[-1.0, -2.0, -0.5, -30.0]], requires_grad=True)
     ref = torch.tensor([[-1.5, -1.0, -0.5, -1.0]])
     d = ref - lp.detach()
-    torch.testing.assert_close(kl_penalty(lp, ref, "k1"), lp.detach() - ref)
-    torch.testing.assert_close(kl_penalty(lp, ref, "kl"), lp.detach() - ref)
-    torch.testing.assert_close(kl_penalty(lp, ref, "k2"), 0.5 * (lp.detach() - ref) ** 2)
-    torch.testing.assert_close(kl_penalty(lp, ref, "mse"), 0.5 * (lp.detach() - ref) ** 2)
+    # the same fp32 operations on the same values as the library's (-(ref - lp) = lp - ref exactly): the same bits
+    assert torch.equal(kl_penalty(lp, ref, "k1"), lp.detach() - ref)
+    assert torch.equal(kl_penalty(lp, ref, "kl"), lp.detach() - ref)
+    assert torch.equal(kl_penalty(lp, ref, "k2"), 0.5 * (lp.detach() - ref) ** 2)
+    assert torch.equal(kl_penalty(lp, ref, "mse"), 0.5 * (lp.detach() - ref) ** 2)
     k3 = kl_penalty(lp, ref, "k3")
     expected = (d.exp() - d - 1).clamp(-10, 10)
-    torch.testing.assert_close(k3, expected)
-    torch.testing.assert_close(kl_penalty(lp, ref, "low_var_kl"), expected)
+    assert torch.equal(k3, expected)
+    assert torch.equal(kl_penalty(lp, ref, "low_var_kl"), expected)
     assert k3[0, 3] == 10 and k3[0, 2] == 0
     k3.sum().backward()
     assert torch.isfinite(lp.grad).all() and lp.grad[0, 3] == 0
@@ -504,9 +571,13 @@ def test_user_registered_function_loss():
         lp, old, adv, mask = random_batch(6)
         loss, stats = loss_fn(lp, old, adv, mask)
         expected = -(2.0 * adv.view(-1, 1) * lp * mask).sum() / mask.sum()
-        assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+        # two fp32 token-mean sums of the same products (2 roundings each before the sum)
+        magnitude = float((2.0 * adv.view(-1, 1) * lp * mask).abs().sum() / mask.sum())
+        assert loss.item() == pytest.approx(expected.item(), rel=0,
+                                            abs=reduction_tol(torch.float32, loss_sum_roundings(mask) + 2, magnitude))
         assert set(stats) == STAT_KEYS
-        assert get_policy_loss("test_scaled_reinforce")(lp, old, adv, mask)[0].item() != pytest.approx(loss.item())
+        # scale 1 against 2: half the loss, far outside any rounding
+        assert get_policy_loss("test_scaled_reinforce")(lp, old, adv, mask)[0].item() != pytest.approx(loss.item(), rel=0.1)
         with pytest.raises(ValueError, match="scale"):
             get_policy_loss("test_scaled_reinforce", temperature=2.0)
         assert scaled_reinforce.loss_class is POLICY_LOSSES["test_scaled_reinforce"]
@@ -531,7 +602,7 @@ def test_user_registered_class_loss():
         _, grad, stats = grad_wrt_logprobs(loss_fn, lp, old, adv, mask)
         r = (lp - old).exp()
         expected = -agg_weight(mask, "seq-mean-token-mean") * 3.0 * r.double() * adv.view(-1, 1)
-        torch.testing.assert_close(grad.double(), expected, rtol=1e-5, atol=1e-8)
+        torch.testing.assert_close(grad.double(), expected, rtol=ratio_rtol(lp - old, mask), atol=0)
         assert 0 <= float(stats["clip/pos_high"]) <= 1
     finally:
         POLICY_LOSSES.pop("test_clip_only", None)
@@ -602,10 +673,11 @@ def test_user_statistics_are_kept_with_their_weights():
     old = torch.full_like(ratios, -1.0)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     _, stats = Flagging(eps_high=0.2)(old + ratios.log(), old, torch.tensor([1.0, -1.0]), mask)
-    assert float(stats["large_ratio"]) == pytest.approx(2 / 7) and float(stats["large_ratio"].weight) == 7
-    assert float(stats["position_mean"]) == pytest.approx((0 + 1 + 2 + 0 + 1 + 2 + 3) / 7)
+    # shares and means of small integers: exact sums, one rounding in the division
+    assert float(stats["large_ratio"]) == pytest.approx(2 / 7, rel=COUNT_REL) and float(stats["large_ratio"].weight) == 7
+    assert float(stats["position_mean"]) == pytest.approx((0 + 1 + 2 + 0 + 1 + 2 + 3) / 7, rel=COUNT_REL)
     assert stats["user/flagged_count"].reduce == "sum" and float(stats["user/flagged_count"]) == 2
-    assert float(stats["clip/pos_high"]) == pytest.approx(1 / 3)      # of the 3 A > 0 tokens
+    assert float(stats["clip/pos_high"]) == pytest.approx(1 / 3, rel=COUNT_REL)      # of the 3 A > 0 tokens
     assert Flagging().stat_reductions() == {**dict.fromkeys(STAT_KEYS, "mean"), "large_ratio": "mean",
                                             "position_mean": "mean", "user/flagged_count": "sum"}
 
@@ -613,9 +685,11 @@ def test_user_statistics_are_kept_with_their_weights():
 def test_ratio_is_the_one_the_loss_clamps():
     lp, old = torch.tensor([[30.0, 0.5]]), torch.zeros(1, 2)
     ratio = get_policy_loss("aspo", clamp_log_ratio=20.0).ratio(lp, old, torch.ones(1, 2))
-    assert ratio.tolist()[0] == pytest.approx([math.exp(20.0), math.exp(0.5)])
+    exp_rel = rounding_tol(torch.float32, 2)  # exact log-ratios (clamped to 20, 0.5), then one fp32 exp (1 ulp)
+    assert ratio.tolist()[0] == pytest.approx([math.exp(20.0), math.exp(0.5)], rel=exp_rel, abs=0)
     seq = get_policy_loss("gspo").ratio(lp, old, torch.tensor([[0, 1]]))
-    assert seq.tolist()[0] == pytest.approx([math.exp(0.5), math.exp(0.5)])  # its sequence ratio (of the one real token)
+    # its sequence ratio (of the one real token: the mean 0.5 / 1 is exact)
+    assert seq.tolist()[0] == pytest.approx([math.exp(0.5), math.exp(0.5)], rel=exp_rel, abs=0)
 
 
 def test_loss_named_by_import_path_or_entry_point(tmp_path, monkeypatch):
@@ -639,7 +713,7 @@ def test_loss_named_by_import_path_or_entry_point(tmp_path, monkeypatch):
     for name in ("userlosses:Halved", "userlosses.Halved", "halved"):
         loss_fn = get_policy_loss(name, eps_high=0.3)
         assert type(loss_fn).__name__ == "Halved" and loss_fn.eps_high == 0.3, name
-        assert loss_fn(lp, old, adv, mask)[0].item() == pytest.approx(0.5 * full.item(), rel=1e-6), name
+        assert loss_fn(lp, old, adv, mask)[0].item() == 0.5 * full.item(), name  # × 0.5 commutes with every rounding
     with pytest.raises(ValueError, match="installed entry points: halved"):
         get_policy_loss("nope")
     with pytest.raises(ValueError, match="not a PolicyLoss"):

@@ -8,6 +8,7 @@ import pytest
 
 from experiments import regime as G
 from tests.test_study import write_metrics
+from tests.tolerance import approx64  # float64 maths on O(1)-O(100) values (docs/design.md, "Tolerances in tests")
 
 
 def run(tmp_path, name, acc, entropy, pos, neg, *, start_length=160.0, split=None):
@@ -46,28 +47,28 @@ LEARNS = dict(acc=[0.36, 0.40, 0.41, 0.405], entropy=[0.45 - 0.01 * i for i in r
 def test_a_run_that_learns_and_plateaus_meets_every_property(tmp_path):
     r = G.measure(run(tmp_path, "learns", **LEARNS), acc0=31.6)
     assert r.batches == 10 and r.evals == 4
-    assert r.acc_best == pytest.approx(41.0) and r.acc_last == pytest.approx(40.5)
-    assert r.rise == pytest.approx(9.4)
+    assert r.acc_best == approx64(41.0) and r.acc_last == approx64(40.5)
+    assert r.rise == approx64(9.4)
     # first 20 % (batches 0-1) minus last 20 % (batches 8-9) of the entropy
-    assert r.entropy_decline == pytest.approx(0.445 - 0.365)
-    assert r.ratio_gap == pytest.approx(3e-4)
-    assert r.last_gain == pytest.approx(-0.5) and r.plateau
-    assert r.entropy_start == pytest.approx(0.45) and r.length_start == pytest.approx(160.0)
-    assert r.clip_pos_high_max == pytest.approx(0.009) and r.kl_last == pytest.approx(0.018)
+    assert r.entropy_decline == approx64(0.445 - 0.365)
+    assert r.ratio_gap == approx64(3e-4)
+    assert r.last_gain == approx64(-0.5) and r.plateau
+    assert r.entropy_start == approx64(0.45) and r.length_start == approx64(160.0)
+    assert r.clip_pos_high_max == approx64(0.009) and r.kl_last == approx64(0.018)
     assert r.checks() == {"rise": True, "entropy": True, "ratio": True, "plateau": True, "start": True}
 
 
 def test_a_collapsing_run_fails_them(tmp_path):
     r = G.measure(run(tmp_path, "collapses", acc=[0.30, 0.12, 0.05, 0.04],
                       entropy=[0.45 + 0.02 * i for i in range(10)], pos=[0.99] * 10, neg=[1.01] * 10), acc0=31.6)
-    assert r.rise == pytest.approx(30.0 - 31.6)
-    assert r.entropy_decline < 0 and r.ratio_gap == pytest.approx(-0.02)
+    assert r.rise == approx64(30.0 - 31.6)
+    assert r.entropy_decline < 0 and r.ratio_gap == approx64(-0.02)
     assert r.checks() == {"rise": False, "entropy": False, "ratio": False, "plateau": True, "start": True}
 
 
 def test_a_run_still_climbing_at_its_end_has_no_plateau(tmp_path):
     r = G.measure(run(tmp_path, "climbs", **{**LEARNS, "acc": [0.34, 0.37, 0.40, 0.43]}), acc0=31.6)
-    assert r.last_gain == pytest.approx(3.0)
+    assert r.last_gain == approx64(3.0)
     assert not r.plateau and r.checks()["rise"]
 
 
@@ -116,6 +117,6 @@ def test_the_ratio_gap_pairs_steps_and_skips_a_step_missing_one_side(tmp_path):
     rows[1]["ratio/neg_mean"] = None  # a step with no A < 0 token: no pair
     folder = tmp_path / "gaps"
     write_metrics(folder / "version_0" / "metrics.csv", rows)
-    assert G.measure(folder, acc0=31.6).ratio_gap == pytest.approx((0 + 0.002 + 0.003) / 3)
+    assert G.measure(folder, acc0=31.6).ratio_gap == approx64((0 + 0.002 + 0.003) / 3)
     write_metrics(tmp_path / "nogap" / "version_0" / "metrics.csv", [{"step": 0, "train/entropy": 0.4}])
     assert math.isnan(G.measure(tmp_path / "nogap", acc0=31.6).ratio_gap)

@@ -1,7 +1,10 @@
 """The shared-prompt path (aspo_lit/forward.py, "Shared prompts"; `model.share_prompt`): each
 distinct prompt computed once, its responses against its KV cache. Values, entropy and gradients
 equal the row-by-row path's to rounding, with fewer tokens through the model; the mini-batch form
-(`PromptStates.leaves` + `prompt_backward_term`) gives the gradient of the whole mini-batch."""
+(`PromptStates.leaves` + `prompt_backward_term`) gives the gradient of the whole mini-batch.
+
+"To rounding": as accurate as the row-by-row fp32 path against a float64 copy of the model
+(`tests.tolerance.assert_as_accurate`; docs/design.md, "Tolerances in tests")."""
 
 from __future__ import annotations
 
@@ -13,7 +16,10 @@ from aspo_lit.forward import (distinct_prompts, encode_prompts, prompt_backward_
 from aspo_lit.microbatch import trim_to_micro_batch
 from aspo_lit.rollout.base import Completion
 from aspo_lit.rollout.batch import pack_rollouts
-from tests.test_fused_logprobs import TOL, VOCAB, naive_response_logprobs, tiny_model
+from tests.test_fused_logprobs import (VOCAB, assert_all_as_accurate, assert_model_outputs_as_accurate, float64_truth,
+                                      naive_with_grads, tiny_model)
+
+pytestmark = pytest.mark.numerics
 
 
 def grouped_batch(seed: int = 0) -> dict:
@@ -56,12 +62,9 @@ def test_shared_prompt_equals_naive(arch, tied):
     grads = torch.autograd.grad((lp * upstream).sum(), params)
     rows, width = packed["input_ids"].shape
     assert seen == [3 * P, rows * (width - P)]  # the 3 prompts once, then the response columns alone
-    ref_lp, ref_entropy = naive_response_logprobs(model, packed, temperature)
-    ref_grads = torch.autograd.grad((ref_lp * upstream).sum(), params)
-    torch.testing.assert_close(lp, ref_lp, **TOL)
-    torch.testing.assert_close(entropy, ref_entropy, **TOL)
-    for (name, _), got, want in zip(model.named_parameters(), grads, ref_grads):
-        torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{name}: {m}")
+    ref = naive_with_grads(model, packed, temperature, upstream)
+    truth = float64_truth(model, packed, temperature, upstream)
+    assert_model_outputs_as_accurate(model, (lp, entropy, grads), ref, truth)
     assert "forward" not in vars(model.get_output_embeddings())
 
 
@@ -84,10 +87,9 @@ def test_prompts_encoded_once_for_every_micro_batch():
     prompt_backward_term(computed, leaves).backward()
     grads = [p.grad.clone() for p in params]
 
-    ref_lp, _ = naive_response_logprobs(model, packed, 1.0)
-    ref_grads = torch.autograd.grad((ref_lp * upstream).sum(), params)
-    for (name, _), got, want in zip(model.named_parameters(), grads, ref_grads):
-        torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{name}: {m}")
+    _, _, ref_grads = naive_with_grads(model, packed, 1.0, upstream)
+    _, _, true_grads = float64_truth(model, packed, 1.0, upstream)
+    assert_all_as_accurate(grads, ref_grads, true_grads, [name for name, _ in model.named_parameters()])
 
 
 def test_where_prompt_sharing_applies(monkeypatch):

@@ -23,14 +23,19 @@ sample is read from ``log_softmax`` of the processed (or, ``raw``, unprocessed) 
 engine's recorder reads it inside ``generate``.
 
 Exactness: a row's numbers equal ``generate``'s when the BLAS gives a row the same bits whatever
-the number of rows in the matrix product. With one torch thread MKL does for 16 or more rows (on
-AVX-512 CPUs it computes products of 4-15 rows with other kernels, whose last bits differ; on
-AVX2 ones from 3 rows), so the loop never computes fewer than ``min_rows`` = 16 rows (or the
-call's rows, when fewer), and the samples and log-probs are ``generate``'s bit for bit
-(tests/test_rollout.py). With more threads MKL may split a product of another height
-differently, so a row can round differently in the last bit and, rarely, a sample differs from
-the one ``generate`` would have drawn; the sampler is the same distribution, and the same seed on
-the same machine and thread count gives the same run.
+the number of rows in the matrix product and the row's place in it. With one torch thread MKL's
+AVX-512 kernels do for 16 or more rows (products of 4-15 rows use other kernels, whose last bits
+differ), so the loop never computes fewer than ``min_rows`` = 16 rows (or the call's rows, when
+fewer). MKL's AVX2 kernels (``MKL_ENABLE_INSTRUCTIONS=AVX2``) do not: they compute rows in blocks
+of 6 and round the remainder rows differently, at any height. :func:`rows_are_stable` checks the
+BLAS the model runs on, for each of its weight shapes, at the heights and offsets the loop uses;
+where it fails, the engine runs the loop at ``generate``'s heights (``full_height``: every row of
+the call, in its order, at every step: the prompt computed once per row, no row leaving the batch).
+Either way the samples and log-probs are ``generate``'s bit for bit (tests/test_rollout.py, under
+every kernel setting CI runs); only the saving is lost on a BLAS that is not row-stable. With more
+threads MKL may split a product of another height differently, so a row can round differently in
+the last bit and, rarely, a sample differs from the one ``generate`` would have drawn; the sampler
+is the same distribution, and the same seed on the same machine and thread count gives the same run.
 
 ``sample_rows`` runs on a CPU model that is not sharded, whose cache layers are transformers'
 plain ``DynamicLayer`` (or the engine's ``GrowingLayer``) and whose forward takes
@@ -50,12 +55,15 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from .kv_cache import GrowingLayer
 
-__all__ = ["DecodeResult", "lean_decoding_applies", "sample_rows"]
+__all__ = ["DecodeResult", "lean_decoding_applies", "rows_are_stable", "sample_rows"]
 
 #: compact the batch once the unfinished rows are at most this share of the rows computed
 COMPACT_AT = 0.75
 #: never compute fewer rows than this (MKL computes fewer with other kernels, other bits: module docstring)
 MIN_ROWS = 16
+#: the heights `rows_are_stable` checks: `min_rows` up to this (every residue of the BLAS's row blocks)
+PROBE_MAX_ROWS = 64
+_STABLE: dict[tuple, bool] = {}
 
 
 @dataclass
@@ -80,6 +88,34 @@ def lean_decoding_applies(model: Any, cache: Any, sharded: bool) -> bool:
         return False
     return isinstance(cache, DynamicCache) and bool(cache.layers) and \
         all(type(layer) in (DynamicLayer, GrowingLayer) for layer in cache.layers)
+
+
+@torch.no_grad()
+def rows_are_stable(model: Any, min_rows: int = MIN_ROWS, max_rows: int = PROBE_MAX_ROWS) -> bool:
+    """True when, for every linear layer shape of ``model``, a product of ``h`` rows gives each row the
+    bits it has in a product of ``max_rows + 1`` rows, for every ``h`` in ``[min_rows, max_rows]`` and
+    starting at row 0 or 1 (a row's place moves when finished rows leave the batch). Checked once per
+    (shapes, dtype, torch threads) in a process; on random rows of a fixed seed."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    shapes = sorted({(m.in_features, m.out_features, m.weight.dtype, m.bias is not None) for m in linears},
+                    key=str)
+    key = (tuple(shapes), torch.get_num_threads(), min_rows, max_rows)
+    if key not in _STABLE:
+        by_shape = {(m.in_features, m.out_features, m.weight.dtype, m.bias is not None): m for m in linears}
+        generator = torch.Generator().manual_seed(0)
+        stable = True
+        for shape in shapes:
+            layer = by_shape[shape]
+            weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
+            x = torch.randn(max_rows + 1, shape[0], generator=generator).to(weight.device, weight.dtype)
+            full = torch.nn.functional.linear(x, weight, bias)
+            stable = all(torch.equal(torch.nn.functional.linear(x[start:start + h], weight, bias),
+                                     full[start:start + h])
+                         for h in range(min_rows, max_rows + 1) for start in (0, 1))
+            if not stable:
+                break
+        _STABLE[key] = stable
+    return _STABLE[key]
 
 
 def _sample_like_multinomial(probs: Tensor, rows: Tensor, batch: int) -> Tensor:
@@ -109,8 +145,12 @@ def sample_rows(
     stop: Callable[[Tensor, Tensor], Tensor] | None = None,
     compact_at: float = COMPACT_AT,
     min_rows: int = MIN_ROWS,
+    full_height: bool = False,
 ) -> DecodeResult:
     """Sample up to `max_new_tokens` tokens for each row of left-padded ``input_ids`` ``[B, P]``.
+
+    `full_height`: compute every row of the call in its order at every step, as ``generate`` does
+    (for a BLAS whose rows are not stable, :func:`rows_are_stable`).
 
     `warpers`: the score processors in order (``processor(input_ids, scores)``; none may read
     ``input_ids``). `logprobs`: ``"processed"`` (after the warpers), ``"raw"`` (before) or None.
@@ -127,7 +167,7 @@ def sample_rows(
     keys = [tuple(row) for row in torch.cat([input_ids, attention_mask], 1).tolist()]
     for b, key in enumerate(keys):
         first_row.setdefault(key, b)
-    shared = len(first_row) < batch
+    shared = len(first_row) < batch and not full_height
     prefill = list(first_row.values())
     if shared:  # at least `min_rows` rows (the last position's logits are a product of that height)
         prefill += [b for b in range(batch) if b not in set(prefill)][:max(0, min(min_rows, batch) - len(prefill))]
@@ -182,7 +222,7 @@ def sample_rows(
         positions = positions[:, -1:] + 1
         keep = unfinished[computed]
         kept = int(keep.sum())
-        if kept <= compact_at * computed.numel() and kept >= min_rows:
+        if not full_height and kept <= compact_at * computed.numel() and kept >= min_rows:
             selected = keep.nonzero().squeeze(1)
             cache.batch_select_indices(selected)
             computed = computed[selected]

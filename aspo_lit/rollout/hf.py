@@ -293,7 +293,7 @@ class HFEngine(RolloutEngine):
         from transformers.cache_utils import DynamicCache
         from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-        from .decode import lean_decoding_applies, sample_rows
+        from .decode import lean_decoding_applies, rows_are_stable, sample_rows
         from .kv_cache import growing_kv_cache
 
         B = len(rows)
@@ -334,7 +334,8 @@ class HFEngine(RolloutEngine):
                 model, input_ids, attention_mask, lean_cache, max_new_tokens=int(sampling.max_tokens),
                 eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                 warpers=[p for p in processors if p is not recorder], greedy=greedy,
-                logprobs=self.logprobs_mode if sampling.logprobs else None, stop=stopper)
+                logprobs=self.logprobs_mode if sampling.logprobs else None, stop=stopper,
+                full_height=not rows_are_stable(model))
             responses = result.tokens.tolist()
             logprobs = result.logprobs.cpu() if result.logprobs is not None else None
         else:
