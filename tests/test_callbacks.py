@@ -1,6 +1,7 @@
 """Diagnostics callbacks: definitions on hand-made inputs, metric values through a real
-Trainer + CSVLogger on synthetic step diagnostics, health verdicts, the Fig. 4 binning direction,
-Fig. 2 from a fixture log, and rank-correct reductions with 2 CPU processes (gloo)."""
+Trainer + CSVLogger on synthetic step diagnostics, RunSummary's start/end values, the Fig. 4 binning
+direction, Fig. 2 from a fixture log, and rank-correct reductions with 2 CPU processes (gloo). Health
+verdicts: tests/test_health.py."""
 
 from __future__ import annotations
 
@@ -19,15 +20,17 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from aspo_lit.callbacks import (
-    DiagnosticsProgressBar, DiagnosticsTQDMProgressBar, EntropyMechanism, EntropyMonitor, HealthMonitor,
-    RepetitionDiagnostic, TokenWeightSurface, TrainingStats, assess_health, bin_token_weights, ngram_stats,
+    DiagnosticsTQDMProgressBar, EntropyMechanism, EntropyMonitor, HealthMonitor,
+    RepetitionDiagnostic, TokenWeightSurface, TrainingStats, bin_token_weights, ngram_stats,
     weighted_mean,
 )
 from aspo_lit.__main__ import main as aspo_lit_main
 from aspo_lit.figures import plot_figure2, read_metrics
+from aspo_lit.callbacks.summary import _first_last, _first_last_evaluation, end_window
 from aspo_lit.callbacks.token_weights import Reservoir
 from aspo_lit.stats import Stat
 from aspo_lit.step import StepOutput
+from tests.tolerance import approx64, gamma, rounding_tol
 
 FIXTURE = Path(__file__).parent / "fixtures" / "metrics_fixture.csv"
 
@@ -41,8 +44,8 @@ NEAR = " ".join(WORDS20[:19] + ["x"] + WORDS20[:19] + ["y"])  # 19 words repeat,
 
 
 def test_ngram_stats_hand_made_texts():
-    assert ngram_stats(ONE_REPEAT) == (True, pytest.approx(1 / 22), 2)
-    assert ngram_stats(LOOP) == (True, pytest.approx(97 / 101), 26)
+    assert ngram_stats(ONE_REPEAT) == (True, approx64(1 / 22), 2)  # counts' quotient, float64
+    assert ngram_stats(LOOP) == (True, approx64(97 / 101), 26)
     assert ngram_stats(UNIQUE) == (False, 0.0, 1)
     assert ngram_stats(SHORT) == (False, 0.0, 0)
     assert ngram_stats("") == (False, 0.0, 0)
@@ -59,7 +62,7 @@ def test_ngram_stats_matches_naive_counting():
         expected = (any(c > 1 for c in grams.values()), (total - len(grams)) / total if total else 0.0,
                     max(grams.values(), default=0))
         has, ratio, top = ngram_stats(" ".join(words), n=3)
-        assert (has, top) == (expected[0], expected[2]) and ratio == pytest.approx(expected[1])
+        assert (has, top) == (expected[0], expected[2]) and ratio == approx64(expected[1])  # counts' quotient, float64
 
 
 # --------------------------------------------------------------------------- synthetic step
@@ -177,20 +180,24 @@ def last_logged(log_dir) -> dict[str, float]:
 def test_repetition_callback_logs_split_metrics(tmp_path):
     logged = last_logged(fit(tmp_path, [RepetitionDiagnostic()]).log_dir)
     ratios = [97 / 101, 0.0, 1 / 22, 0.0]                      # LOOP, UNIQUE, ONE_REPEAT, SHORT
-    assert logged["train/repetition_rate"] == pytest.approx(0.5)
-    assert logged["train/pos_repetition_rate"] == pytest.approx(1.0)  # rewards 1, 0, 1, 0
-    assert logged["train/neg_repetition_rate"] == pytest.approx(0.0)
-    assert logged["train/repetition_ratio"] == pytest.approx(sum(ratios) / 4)
-    assert logged["train/pos_repetition_ratio"] == pytest.approx((ratios[0] + ratios[2]) / 2)
-    assert logged["train/max_ngram_frequency"] == pytest.approx((26 + 1 + 2 + 0) / 4)
-    assert logged["train/pos_max_ngram_frequency"] == pytest.approx(14.0)
-    assert logged["train/neg_max_ngram_frequency"] == pytest.approx(0.5)
+    # means of small integers over 4 or 2 responses are exact in fp32
+    assert logged["train/repetition_rate"] == 0.5
+    assert logged["train/pos_repetition_rate"] == 1.0  # rewards 1, 0, 1, 0
+    assert logged["train/neg_repetition_rate"] == 0.0
+    # the ratios stored in fp32 (1 rounding each), summed (<= 3) and halved or quartered (exact): < 5
+    assert logged["train/repetition_ratio"] == pytest.approx(sum(ratios) / 4, rel=rounding_tol(torch.float32, 5), abs=0)
+    assert logged["train/pos_repetition_ratio"] == pytest.approx((ratios[0] + ratios[2]) / 2,
+                                                                 rel=rounding_tol(torch.float32, 5), abs=0)
+    assert logged["train/max_ngram_frequency"] == (26 + 1 + 2 + 0) / 4
+    assert logged["train/pos_max_ngram_frequency"] == 14.0
+    assert logged["train/neg_max_ngram_frequency"] == 0.5
 
 
 def test_entropy_callback_logs_token_weighted_mean_and_slope(tmp_path):
     logged = last_logged(fit(tmp_path, [EntropyMonitor(window=2)]).log_dir)
-    assert logged["train/entropy"] == pytest.approx(TOKEN_ENTROPY)
-    assert logged["train/entropy_slope"] == pytest.approx(0.0)
+    # exact dyadic entropies and masks: the sums are exact, the division by 14 tokens rounds once
+    assert logged["train/entropy"] == pytest.approx(TOKEN_ENTROPY, rel=rounding_tol(torch.float32, 1), abs=0)
+    assert logged["train/entropy_slope"] == 0.0  # two equal values: their float64 mean is exact, so is the slope
     assert logged["alarm/entropy_collapse"] == 0.0
 
 
@@ -201,7 +208,8 @@ def test_entropy_collapse_alarm_stops_the_run(tmp_path):
     assert trainer.global_step == 3 and monitor.collapsed      # stopped after the first collapsed step
     logged = last_logged(trainer.log_dir)
     assert logged["alarm/entropy_collapse"] == 1.0
-    assert logged["train/entropy"] == pytest.approx(1e-3 * TOKEN_ENTROPY)
+    # the entropies 1e-3·H rounded to fp32 (1 each), 13 additions, the division: < 16
+    assert logged["train/entropy"] == pytest.approx(1e-3 * TOKEN_ENTROPY, rel=rounding_tol(torch.float32, 16), abs=0)
     assert logged["train/entropy_slope"] < 0
 
 
@@ -217,34 +225,12 @@ def test_training_stats_values(tmp_path):
         "timing/update_s": 0.5, "timing/weight_sync_s": 0.0, "train/updates_per_rollout": 4.0,
         "ratio/off_policy_share": 1.0,   # r = e^{±0.1} on every response token
     }
+    # weighted means over <= 14 tokens of values rounded once to fp32: <= 13 additions, ×weight, the division
     for key, value in expected.items():
-        assert logged[key] == pytest.approx(value, rel=1e-6), key
+        assert logged[key] == pytest.approx(value, rel=rounding_tol(torch.float32, 16), abs=0), key
     assert logged["timing/step_s"] > 0
-    assert logged["perf/tokens_per_s"] == pytest.approx(14 / logged["timing/step_s"], rel=1e-4)
-
-
-def test_health_callback_logs_status_and_writes_json(tmp_path):
-    trainer = fit(tmp_path, [TrainingStats(), EntropyMonitor(), HealthMonitor(interval=1, window=2),
-                             DiagnosticsProgressBar()], enable_progress_bar=True)
-    logged = last_logged(trainer.log_dir)
-    assert logged["health/status"] == 1.0   # clip/pos_high 0.25 > 0.02
-    report = json.loads((Path(trainer.log_dir) / "health.json").read_text())
-    assert report["verdict"] == "watch" and "clip ratio persistently high" in report["reason"]
-    assert report["steps_seen"] == 3
-    assert report["last"]["train/entropy"] == pytest.approx(TOKEN_ENTROPY)
-    assert report["last"]["clip/pos_high"] == pytest.approx(0.25)
-    for key in ("train/entropy", "train/reward_mean", "clip/pos_high", "train/kl"):  # what was logged
-        assert report["last"][key] == logged[key], key
-    bar = trainer.progress_bar_callback
-    assert isinstance(bar, DiagnosticsProgressBar)
-    assert bar.get_metrics(trainer, trainer.lightning_module)["health"] == "watch"
-
-
-@pytest.mark.parametrize("callbacks", [[HealthMonitor()], [HealthMonitor(), TrainingStats(), EntropyMonitor()],
-                                       [EntropyMonitor(), HealthMonitor(), TrainingStats()]])
-def test_health_monitor_needs_its_sources_before_it(tmp_path, callbacks):
-    with pytest.raises(ValueError, match="before it in trainer.callbacks"):
-        fit(tmp_path, callbacks)
+    # 14 tokens / the logged step time itself: its fp32 rounding, the quotient's and the log's
+    assert logged["perf/tokens_per_s"] == pytest.approx(14 / logged["timing/step_s"], rel=rounding_tol(torch.float32, 4))
 
 
 def test_token_weight_surface_saves_figures(tmp_path):
@@ -255,33 +241,25 @@ def test_token_weight_surface_saves_figures(tmp_path):
     grids = np.load(figures / "token_weights_step3.npz")
     # one step's tokens: 7 positive at (0.5, 0.5·e^0.1), 7 negative at (0.5, 0.5·e^-0.1)
     assert grids["pos_count"].sum() == 7 and grids["neg_count"].sum() == 7
-    assert np.nanmax(grids["pos_mean"]) == pytest.approx(math.exp(0.1), rel=1e-5)
+    # r = exp((old + 0.1) - old) in fp32: 0.1 and the sum round (<= 0.7u of 0.1 absolute; the difference
+    # is exact, Sterbenz), exp 2u; a bin's mean of equal float32 values is exact in float64
+    assert np.nanmax(grids["pos_mean"]) == pytest.approx(math.exp(0.1), rel=rounding_tol(torch.float32, 3), abs=0)
 
 
 # --------------------------------------------------------------------------- pure functions
-def _history(steps=200, entropy=None, reward=None, clip=None, seed=0):
-    rng = np.random.default_rng(seed)
-    t = np.arange(steps)
-    noise = lambda s: rng.normal(0, s, steps)  # noqa: E731
-    return {
-        "train/entropy": entropy if entropy is not None else 0.3 + 0.3 * np.exp(-t / 30) + noise(0.005),
-        "train/reward_mean": reward if reward is not None else 0.2 + 0.4 * (1 - np.exp(-t / 40)) + noise(0.01),
-        "clip/pos_high": clip if clip is not None else 0.003 + noise(3e-4),
-        "train/kl": 1e-4 + 2e-3 * (1 - np.exp(-t / 50)) + noise(1e-5),
-    }
-
-
-def test_health_verdicts_on_synthetic_histories():
-    t = np.arange(200)
-    assert assess_health(_history())[0] == "healthy"
-    verdict, reason = assess_health(_history(entropy=0.6 * np.exp(-t / 10) + 1e-3,
-                                             reward=0.3 + np.random.default_rng(1).normal(0, 0.01, 200)))
-    assert verdict == "collapsed" and "entropy collapsed" in reason and "reward flat" in reason
-    surge = _history()["clip/pos_high"].copy()
-    surge[160:] = np.linspace(0.004, 0.06, 40)
-    verdict, reason = assess_health(_history(clip=surge))
-    assert verdict in ("watch", "collapsed") and "clip ratio" in reason
-    assert assess_health({k: v[:5] for k, v in _history().items()})[0] == "healthy"  # too early
+def test_run_summary_start_and_end_are_window_means():
+    """RunSummary's "reward mean  a -> b": means of the first/last 10 batches (a quarter of a short
+    run), not two single batches; val/avg@K its first and last evaluation."""
+    rewards = np.r_[0.9, np.full(9, 0.5), np.full(20, 0.55), np.full(9, 0.6), 0.1]   # one odd batch at each end
+    series = {"train/reward_mean": (np.arange(40.0), rewards),
+              "val/avg@4": (np.array([9.0, 39.0]), np.array([0.5, 0.53]))}
+    assert _first_last(series, "train/reward_mean") == "0.540 -> 0.550  (means of the first/last 10 batches)"
+    assert _first_last(series, "train/reward_mean", window=1) == "0.900 -> 0.100  (first/last batch)"
+    short = {"train/entropy": (np.arange(8.0), np.array([1.0, 3.0, 5, 5, 5, 5, 7.0, 9.0]))}
+    assert _first_last(short, "train/entropy") == "2.000 -> 8.000  (means of the first/last 2 batches)"
+    assert [end_window(n) for n in (1, 3, 4, 8, 40, 500)] == [1, 1, 1, 2, 10, 10]
+    assert _first_last_evaluation(series, "val/avg@4") == "0.500 -> 0.530  (first/last evaluation)"
+    assert _first_last({}, "train/entropy") == "n/a" and _first_last_evaluation({}, "val/avg@4") == "n/a"
 
 
 def test_bin_token_weights_direction_grpo_vs_aspo():
@@ -299,7 +277,7 @@ def test_bin_token_weights_direction_grpo_vs_aspo():
     assert np.corrcoef(above_diagonal.ravel(), np.log(grpo).ravel())[0, 1] > 0.9
     assert np.corrcoef(above_diagonal.ravel(), np.log(aspo).ravel())[0, 1] < -0.9
     mean, count = bin_token_weights([0.9], [0.1], [1 / 9], bins=20)  # the paper's example token
-    assert count[2, 18] == 1 and mean[2, 18] == pytest.approx(1 / 9) and np.isnan(mean[18, 2])
+    assert count[2, 18] == 1 and mean[2, 18] == 1 / 9 and np.isnan(mean[18, 2])  # one float64 value / 1: exact
 
 
 def test_reservoir_is_bounded_and_uniform():
@@ -312,7 +290,9 @@ def test_reservoir_is_bounded_and_uniform():
 
 
 def test_weighted_mean_local_is_not_mean_of_means():
-    assert float(weighted_mean(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 9.0]))) == pytest.approx(2.8)
+    # 28 / 10: exact sums, one fp32 division
+    assert float(weighted_mean(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 9.0]))) == pytest.approx(
+        2.8, rel=rounding_tol(torch.float32, 1), abs=0)
     assert math.isnan(float(weighted_mean(torch.tensor([1.0]), torch.tensor([0.0]))))
 
 
@@ -361,13 +341,20 @@ def test_reductions_across_two_ranks_are_weighted(tmp_path):
         "entropy/cov_neg": 9 * (-2.0 + 1.81) * (-1 + 0.8) / 10,
         "entropy/measured_change": -(1 * 0.1 + 9 * 0.3) / 10,   # updated entropy = 0.9 H
     }
+    # the covariances: from raw sums over the 10 tokens, with their cancellation (covariance_tol); the entropy
+    # change: (0.9·H - H) per token (measured_change_rel); the rest: weighted means of values rounded once to
+    # fp32, <= 8 additions per rank, the ranks' sum, ×weight and the division: < 16 roundings
+    x, a = [-0.1] + [-2.0] * 9, [1.0] + [-1.0] * 9
+    tol = {key: dict(rel=0, abs=covariance_tol(x, a, ranks=2)) for key in ("entropy/cov", "entropy/cov_pos", "entropy/cov_neg")}
+    tol["entropy/measured_change"] = dict(rel=measured_change_rel(10, ranks=2), abs=0)
     for key, value in expected.items():
-        assert logged[key] == pytest.approx(value, rel=1e-6), key
-    assert logged["perf/tokens_per_s"] == pytest.approx(10 / logged["timing/step_s"], rel=1e-4)
+        assert logged[key] == pytest.approx(value, **tol.get(key, dict(rel=rounding_tol(torch.float32, 16), abs=0))), key
+    # 10 tokens / the logged step time itself: its fp32 rounding, the quotient's and the log's
+    assert logged["perf/tokens_per_s"] == pytest.approx(10 / logged["timing/step_s"], rel=rounding_tol(torch.float32, 4))
     log_dir = next(tmp_path.rglob("metrics.csv")).parent
     health = json.loads((log_dir / "health.json").read_text())["last"]  # what HealthMonitor judged
     for key in ("train/entropy", "clip/pos_high", "train/kl", "train/reward_mean"):
-        assert health[key] == pytest.approx(expected[key], rel=1e-6), key
+        assert health[key] == pytest.approx(expected[key], rel=rounding_tol(torch.float32, 16), abs=0), key  # as above
     assert sorted(p.name for p in (log_dir / "figures").glob("*.png")) == ["token_weights_step1.png",
                                                                          "token_weights_step2.png"]
 
@@ -384,11 +371,30 @@ def test_entropy_mechanism_definitions(tmp_path):
     x = step.old_logprobs.numpy()[keep].astype(np.float64)
     a = np.broadcast_to(step.advantages.numpy()[:, None], keep.shape)[keep].astype(np.float64)
     centred = (x - x.mean()) * (a - a.mean())
-    assert logged["entropy/cov"] == pytest.approx(np.cov(x, a, bias=True)[0, 1], abs=1e-7)
-    assert logged["entropy/cov_pos"] == pytest.approx(centred[a > 0].sum() / centred.size, abs=1e-7)
-    assert logged["entropy/cov_neg"] == pytest.approx(centred[a < 0].sum() / centred.size, abs=1e-7)
-    assert logged["entropy/predicted_change"] == pytest.approx(-logged["entropy/cov"])
-    assert logged["entropy/measured_change"] == pytest.approx(-0.1 * TOKEN_ENTROPY, rel=1e-6)  # updated = 0.9 H
+    atol = covariance_tol(x, a)
+    assert logged["entropy/cov"] == pytest.approx(np.cov(x, a, bias=True)[0, 1], rel=0, abs=atol)
+    assert logged["entropy/cov_pos"] == pytest.approx(centred[a > 0].sum() / centred.size, rel=0, abs=atol)
+    assert logged["entropy/cov_neg"] == pytest.approx(centred[a < 0].sum() / centred.size, rel=0, abs=atol)
+    assert logged["entropy/predicted_change"] == -logged["entropy/cov"]  # a negation: exact
+    assert logged["entropy/measured_change"] == pytest.approx(-0.1 * TOKEN_ENTROPY, rel=measured_change_rel(14), abs=0)  # updated = 0.9 H
+
+
+def covariance_tol(x, a, ranks: int = 1) -> float:
+    """|fp32 - exact| of EntropyMechanism's centred covariance (or a part of it) over n tokens, formed from
+    raw sums: Σx, ΣA, ΣxA (each within γ_n of its terms' absolute sum, the inputs' fp32 rounding one more),
+    then (sxa - ā·sx - x̄·sa + n·x̄·ā) / n (4 roundings), summed over ranks (ranks - 1 more): so
+    γ_{n+5+ranks}·(Σ|xA| + |ā|Σ|x| + |x̄|Σ|A| + n|x̄ā|)/n, the cancellation of the raw sums included."""
+    x, a = np.asarray(x, dtype=np.float64), np.asarray(a, dtype=np.float64)
+    n, mx, ma = x.size, x.mean(), a.mean()
+    terms = np.abs(x * a).sum() + abs(ma) * np.abs(x).sum() + abs(mx) * np.abs(a).sum() + n * abs(mx * ma)
+    return gamma(n + 5 + ranks) * terms / n
+
+
+def measured_change_rel(n: int, ranks: int = 1) -> float:
+    """Relative error of the mean of (0.9·H - H) over n tokens: 0.9·H rounds twice (the constant, the
+    product), which is 18u of the 0.1·H difference (exact itself, Sterbenz); n - 1 same-sign additions,
+    the division, and the ranks' sum."""
+    return rounding_tol(torch.float32, 18 + n + ranks)
 
 
 def test_entropy_mechanism_sign_follows_confidence_times_advantage():

@@ -18,12 +18,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from aspo_lit.callbacks.base import resolve_log_dir
 from aspo_lit.figures import log_figure, plot_figure2, read_metrics
 from aspo_lit.rollout import RolloutBatch
+
+SUMMARY_WINDOW = 10   # batches averaged per end: a batch's noise / sqrt(10) (the demo's reward: 0.085 -> 0.027)
 
 
 def rollout_responses(batch: Any) -> int:
@@ -70,13 +73,40 @@ def _wandb_path(trainer) -> str | None:
     return None
 
 
-def _first_last(series: dict, key: str) -> str:
+def end_window(n: int, window: int = SUMMARY_WINDOW) -> int:
+    """Values averaged at each end of a series of ``n``: ``window``, at most a quarter of the run (so
+    start and end never share a value and stay at the ends of a short run), at least 1."""
+    return max(1, min(window, n // 4))
+
+
+def _first_last(series: dict, key: str, window: int = SUMMARY_WINDOW) -> str:
+    """``"start -> end  (what they are)"`` of a per-rollout-batch series: means of its first and last
+    :func:`end_window` values, since one batch's value carries that batch's sampling noise."""
+    values = np.asarray(series.get(key, ((), ()))[1], dtype=np.float64)
+    if not values.size:
+        return "n/a"
+    w = end_window(values.size, window)
+    what = f"means of the first/last {w} batches" if w > 1 else "first/last batch"
+    return f"{values[:w].mean():.3f} -> {values[-w:].mean():.3f}  ({what})"
+
+
+def _first_last_evaluation(series: dict, key: str) -> str:
+    """First and last held-out evaluation: each is already a mean over its prompts and samples."""
     values = series.get(key, ((), ()))[1]
-    return f"{values[0]:.3f} -> {values[-1]:.3f}" if len(values) else "n/a"
+    return f"{values[0]:.3f} -> {values[-1]:.3f}  (first/last evaluation)" if len(values) else "n/a"
 
 
 class RunSummary(Callback):
-    """Prints a short report (rank 0) when fit ends or is interrupted, and draws Fig. 2."""
+    """Prints a short report (rank 0) when fit ends or is interrupted, and draws Fig. 2.
+
+    Reward and entropy are given as start -> end, each the mean over ``window`` rollout batches at
+    that end of the run (at most a quarter of it, :func:`end_window`); ``val/avg@K`` as its first and
+    last evaluation.
+    """
+
+    def __init__(self, window: int = SUMMARY_WINDOW) -> None:
+        super().__init__()
+        self.window = window
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         self.log_dir = Path(resolve_log_dir(trainer))  # a collective: every rank calls it
@@ -102,10 +132,10 @@ class RunSummary(Callback):
             "=" * 72,
             f"aspo-lit: trained {pl_module.hparams.model_name_or_path} with loss "
             f"'{pl_module.hparams.loss_name}' for {trainer.global_step} optimizer steps",
-            f"  reward mean      {_first_last(series, 'train/reward_mean')}",
-            f"  entropy          {_first_last(series, 'train/entropy')}",
+            f"  reward mean      {_first_last(series, 'train/reward_mean', self.window)}",
+            f"  entropy          {_first_last(series, 'train/entropy', self.window)}",
         ]
-        lines += [f"  {k:<16} {_first_last(series, k)}" for k in val_keys]
+        lines += [f"  {k:<16} {_first_last_evaluation(series, k)}" for k in val_keys]
         figures = log_dir / "figures"
         if series:
             paths = plot_figure2([source], str(figures / "figure2"), labels=[pl_module.hparams.loss_name])
