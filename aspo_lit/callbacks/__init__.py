@@ -16,10 +16,11 @@ from aspo_lit.callbacks.progress import DiagnosticsProgressBar, DiagnosticsTQDMP
 from aspo_lit.callbacks.repetition import RepetitionDiagnostic, ngram_stats
 from aspo_lit.callbacks.token_weights import TokenWeightSurface, bin_token_weights
 from aspo_lit.callbacks.training_stats import TrainingStats
+from aspo_lit.callbacks.val_before_train import ValBeforeTrain
 
 __all__ = [
     "Diagnostic", "weighted_mean", "weighted_means", "global_max", "global_maxes", "global_sum", "reduce_stats",
     "EntropyMonitor", "EntropyMechanism", "RepetitionDiagnostic", "TrainingStats", "HealthMonitor", "TokenWeightSurface",
     "DiagnosticsProgressBar", "DiagnosticsTQDMProgressBar",
-    "GracefulInterrupt", "RunCheckpoint", "RunSummary", "assess_health", "bin_token_weights", "ngram_stats",
+    "GracefulInterrupt", "RunCheckpoint", "RunSummary", "ValBeforeTrain", "assess_health", "bin_token_weights", "ngram_stats",
 ]
