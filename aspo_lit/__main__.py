@@ -8,6 +8,8 @@
     python -m aspo_lit table3 --config conf/table3.yaml
     python -m aspo_lit figure2 '[runs/grpo, runs/aspo]' --out runs/figure2
     python -m aspo_lit study --config conf/study/default.yaml
+    python -m aspo_lit reference runs/tiny_aspo/version_* --out tiny_aspo.json
+    python -m aspo_lit compare runs/tiny_aspo/version_7 --reference tiny_aspo.json
 
 `fit` and its siblings are LightningCLI (``aspo_lit.cli.ASPOCLI``); every other command is a typed
 function turned into a parser by jsonargparse (the parser LightningCLI itself is built on), so
@@ -30,6 +32,7 @@ class Tool:
     config: str | None = None      # the YAML read when no --config is given (relative to the cwd)
     defaults: dict[str, Any] = field(default_factory=dict)
     positional: bool = False       # required parameters as positional arguments
+    variadic: bool = False         # the first (list) parameter takes every word before the first option
 
 
 TOOLS: dict[str, Tool] = {
@@ -44,6 +47,10 @@ TOOLS: dict[str, Tool] = {
                    "MMLU-Pro), Table 3 beside the paper", "conf/table3.yaml", {"table": "table3"}),
     "figure2": Tool("aspo_lit.figures:figure2", "overlay the paper's Figure 2 panels for several runs", positional=True),
     "study": Tool("experiments.study:study", "the pre-registered CPU-scale study of the paper's training dynamics"),
+    "reference": Tool("aspo_lit.compare:reference", "per-window bands (mean, SD, SE over seeds) of one config's runs",
+                      positional=True, variadic=True),
+    "compare": Tool("aspo_lit.compare:compare", "a run against a reference's bands: first window out per metric, "
+                    "exit 1 on any", positional=True),
 }
 
 
@@ -75,12 +82,23 @@ def run_tool(name: str, argv: list[str]) -> int:
     parser.add_function_arguments(fn, as_group=False, as_positional=tool.positional, skip={"config_files"})
     if tool.defaults:
         parser.set_defaults(tool.defaults)
-    cfg = parser.parse_args(argv)
+    cfg = parser.parse_args(gather_leading_words(argv) if tool.variadic else argv)
     kwargs = {key: cfg[key] for key in params if key in cfg}
     if "config_files" in params:
         files = [*(cfg.get("__default_config__") or []), *(cfg.get("config") or [])]
         kwargs["config_files"] = [str(getattr(f, "absolute", f)) for f in files if f is not None]
     return int(fn(**kwargs) or 0)
+
+
+def gather_leading_words(argv: list[str]) -> list[str]:
+    """``RUN [RUN ...] --opt ...`` → one list word: jsonargparse reads a list positional as one word
+    (``'[a, b]'``), a shell glob gives several. A word already in brackets is left as it is."""
+    count = next((i for i, word in enumerate(argv) if word.startswith("-")), len(argv))
+    if count == 0 or (count == 1 and argv[0].lstrip().startswith("[")):
+        return argv
+    import json
+
+    return [json.dumps(argv[:count]), *argv[count:]]
 
 
 def _epilog() -> str:
