@@ -30,9 +30,10 @@ shipped sandboxed reward), it:
    on both ranks (`aspo_lit.rollout.checksum`), and that the first resumed batch's sampler /
    trainer gap (`rollout/logprob_diff_mean`) stays at the uninterrupted run's level.
 
-`code_qwen3_4b` and `code_archer2_data` rehearse as `code_aspo` once the overlay has replaced
-their model and data: for them step 1 runs, and a check that their rehearsed effective config is
-`code_aspo`'s (the logger's name aside) stands for steps 2-4.
+`code_qwen3_4b` and `code_archer2_data` rehearse as `code_aspo`, and `qwen3_8b` as `qwen3_4b`, once
+the overlay has replaced their model, data and lengths: for them step 1 runs, and a check that their
+rehearsed effective config is the other's (the logger's name aside) stands for steps 2-4. The
+effective configs of step 1 are read in-process (`print_config`), the fits run as subprocesses.
 
 The verdict of each config goes to `runs/rehearsal/<config>.json` (with the engine topology that
 ran and each rank's peak host RSS); the exit code is non-zero if any check failed.
@@ -68,7 +69,7 @@ CONFIGS: dict[str, list[str]] = {
 VLLM_CONFIGS = ("aspo",)
 #: configs whose rehearsed run is another config's (the overlay replaces all they change: model id,
 #: data sources): checked by the config diff and that identity (the logger's name aside), not a fit
-SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo"}
+SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo", "qwen3_8b": "qwen3_4b"}
 PROBE = "tests.rehearsal.probe.RehearsalProbe"
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 
@@ -93,14 +94,34 @@ def _flat(tree, prefix=""):
 _EFFECTIVE: dict[tuple, dict] = {}   # --print_config of the files as they are, once per process
 
 
+def print_config(args: list[str]) -> tuple[int, str, str]:
+    """``python -m aspo_lit <args> --print_config`` in this process: (exit code, stdout, stderr).
+    Nothing is instantiated, so the process start (most of a subprocess's time) is all it would add."""
+    import contextlib
+    import io
+
+    from aspo_lit.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([*args, "--print_config"])
+        except SystemExit as exc:
+            code = exc.code
+    return int(code or 0), out.getvalue(), err.getvalue()
+
+
 def _effective(configs: list[str], extra: list[str], log: Path) -> dict:
-    args = ["fit"] + sum((["--config", c] for c in configs), []) + extra + ["--print_config"]
+    args = ["fit"] + sum((["--config", str(REPO / c)] for c in configs), []) + extra
     key = tuple(args) + tuple((REPO / c).read_text() for c in configs if (REPO / c).is_file())
     if key not in _EFFECTIVE:
-        proc = _cli(args, log, timeout=300)
-        if proc.returncode != 0:
+        code, stdout, stderr = print_config(args)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(" ".join(["python -m aspo_lit", *args, "--print_config"]) + "\n\n" + stdout
+                       + "\n--- stderr ---\n" + stderr)
+        if code != 0:
             raise RuntimeError(f"--print_config failed, see {log}")
-        _EFFECTIVE[key] = _flat(yaml.safe_load(proc.stdout))
+        _EFFECTIVE[key] = _flat(yaml.safe_load(stdout))
     return _EFFECTIVE[key]
 
 
