@@ -403,28 +403,41 @@ CHECKED_BATCHES = 8  # the first two windows (4 rollout batches each) of the shi
 CI_ALPHA = 0.001     # family-wise: another CPU draws other trajectories, a false failure <= 0.1 % per run
 
 
-def test_shipped_demo_reference_is_of_the_shipped_demo_config(capsys):
-    """aspo_lit/references/demo.json was made from the demo config as shipped: its runs' effective
-    config equals `--print_config` of conf/tiny/aspo.yaml but for the keys that differ between seeds."""
-    from aspo_lit.compare import config_differences, read_reference
+SHIPPED = {  # reference name: (its seeds, the command line of the config it was made from)
+    "demo": (list(range(10)), ["--config", "conf/tiny/aspo.yaml"]),
+    "testbed_long_aspo": (list(range(5)), ["--config", "conf/tiny/aspo_long.yaml"]),
+    "testbed_long_grpo": (list(range(5)), ["--config", "conf/tiny/aspo_long.yaml", "--model.loss=grpo"]),
+}
 
-    ref = read_reference("demo")
-    assert ref["band"]["n"] >= 10 and ref["seeds"] == list(range(10))
-    with pytest.raises(SystemExit) as printed:
-        main(["fit", "--config", str(REPO / "conf/tiny/aspo.yaml"), "--print_config"])
-    assert printed.value.code in (0, None)
+
+def _without_per_run_keys(text: str) -> str:
+    """A config without what differs by how it was run: the progress bar (the runs had
+    --trainer.enable_progress_bar=false) and the testbed's resolved folder."""
     import yaml
 
-    def without_progress_bar(text: str) -> str:  # the runs ran with --trainer.enable_progress_bar=false
-        cfg = yaml.safe_load(text)
-        cfg["trainer"]["callbacks"] = [c for c in cfg["trainer"]["callbacks"]
-                                       if not str(c.get("class_path", c) if isinstance(c, dict) else c).endswith("ProgressBar")]
-        cfg["trainer"].pop("enable_progress_bar", None)
-        cfg["model"].pop("model_name_or_path", None)  # the testbed's folder, resolved where the runs were made
-        return yaml.safe_dump(cfg)
+    cfg = yaml.safe_load(text)
+    cfg["trainer"]["callbacks"] = [c for c in cfg["trainer"]["callbacks"]
+                                   if not str(c.get("class_path", c) if isinstance(c, dict) else c).endswith("ProgressBar")]
+    cfg["trainer"].pop("enable_progress_bar", None)
+    cfg["model"].pop("model_name_or_path", None)
+    return yaml.safe_dump(cfg)
 
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_shipped_reference_is_of_the_shipped_config(name, capsys):
+    """Each reference in aspo_lit/references was made from its config as shipped: its runs' effective
+    config equals `--print_config` of that config but for the keys that differ between seeds; a config
+    changed without its reference made again fails here."""
+    from aspo_lit.compare import config_differences, read_reference
+
+    seeds, args = SHIPPED[name]
+    ref = read_reference(name)
+    assert ref["seeds"] == seeds and ref["band"]["n"] == len(seeds)
+    with pytest.raises(SystemExit) as printed:
+        main(["fit", *[str(REPO / a) if a.endswith(".yaml") else a for a in args], "--print_config"])
+    assert printed.value.code in (0, None)
     shipped = capsys.readouterr().out
-    differences = config_differences(without_progress_bar(ref["config"]["text"]), without_progress_bar(shipped))
+    differences = config_differences(_without_per_run_keys(ref["config"]["text"]), _without_per_run_keys(shipped))
     assert differences == [], differences
 
 

@@ -2,7 +2,7 @@
 
 ``arithmetic`` and ``multistep`` generate the math tasks, ``tiny_code`` the code task; ``build``
 trains the tiny llama/qwen3 policy and tokenizer from a config (``PROFILES`` names the shipped
-ones) and ``code`` the code policy. See docs/testbed.md and docs/testbed-long.md.
+ones) and ``code`` the code policy. See the README's "The CPU testbed" and docs/testbed-long.md.
 """
 
 from aspo_lit.testbed.build import (
