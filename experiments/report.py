@@ -12,7 +12,6 @@ entropy-mechanism curves per loss when the runs logged them, and every run's reg
 
 from __future__ import annotations
 
-import glob
 import math
 import os
 import re
@@ -26,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from aspo_lit.figures import PANELS, accuracy_key, ema_smooth, read_metrics
+from aspo_lit.figures import PANELS, accuracy_key, ema_smooth
+from experiments.regime import MIN_RISE, regime_of
+from experiments.results import head_mean, read_run, tail_mean, version_dirs  # noqa: F401 (report's names too)
 from experiments.runner import REPO, read_json, run_name
 
 if TYPE_CHECKING:
@@ -71,40 +72,6 @@ def show_path(path: str | os.PathLike) -> str:
 
 
 # =========================================================================== metrics
-
-def version_dirs(run_dir: Path) -> list[Path]:
-    """The run's ``version_*`` folders in numeric order (a resume adds one)."""
-    def number(path: str) -> int:
-        match = re.search(r"version_(\d+)$", path)
-        return int(match.group(1)) if match else -1
-
-    return [Path(p) for p in sorted(glob.glob(str(Path(run_dir) / "version_*")), key=number)]
-
-
-def read_run(run_dir: str | os.PathLike) -> pd.DataFrame:
-    """``metric, step, value`` of a run, merged over its ``version_*/metrics.csv``: a step logged
-    twice keeps the later version's value; sorted by metric and step."""
-    frames = [pd.DataFrame({"metric": key, "step": steps, "value": values})
-              for version in version_dirs(Path(run_dir)) if (version / "metrics.csv").is_file()
-              for key, (steps, values) in read_metrics(str(version / "metrics.csv")).items()]
-    if not frames:
-        return pd.DataFrame({"metric": pd.Series(dtype=str), "step": pd.Series(dtype=float),
-                             "value": pd.Series(dtype=float)})
-    merged = pd.concat(frames, ignore_index=True).drop_duplicates(["metric", "step"], keep="last")
-    return merged.sort_values(["metric", "step"], kind="stable", ignore_index=True)
-
-
-def head_mean(values: Sequence[float], fraction: float = 0.2) -> float:
-    """Mean over the first ``fraction`` of the logged points (at least one)."""
-    values = np.asarray(values, dtype=np.float64)
-    return float(np.mean(values[:max(1, math.ceil(fraction * len(values)))])) if len(values) else math.nan
-
-
-def tail_mean(values: Sequence[float], fraction: float = 0.2) -> float:
-    """Mean over the last ``fraction`` of the logged points (at least one)."""
-    values = np.asarray(values, dtype=np.float64)
-    return float(np.mean(values[-max(1, math.ceil(fraction * len(values))):])) if len(values) else math.nan
-
 
 def run_statistics(metrics: pd.DataFrame, fraction: float) -> pd.DataFrame:
     """Per ``(run, metric)``: the reductions of its logged values the report uses."""
@@ -749,7 +716,6 @@ def mechanism_section(results: Results, figures: Mapping[str, Path]) -> list[str
 
 def regime_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
     """The regime properties of every finished fit (experiments.regime), and over seeds per loss."""
-    from experiments.regime import MIN_RISE, regime_of
 
     study = results.study
     rows, per_loss = [], {}
