@@ -296,6 +296,14 @@ def test_a_run_going_the_wrong_way_reads_watch():
         assert late[0] == "healthy", late
 
 
+def test_a_shift_between_constant_windows_is_reported_not_raised():
+    """A reward that is exactly 0.5 for 10 batches, then exactly 0 (a policy that stopped answering):
+    the SE of the difference is 0, the shift is infinitely many SE, and the verdict still says so."""
+    reward = np.array([0.5] * 10 + [0.0] * 10)
+    verdict, reason = assess_health({REWARD: reward, ENTROPY: np.full(20, 0.07)}, window=DEMO_WINDOW)
+    assert verdict == "watch" and "reward fell from 0.5 to 0 (first and last 10 batches, -inf SE)" in reason, reason
+
+
 def test_entropy_settling_back_from_a_rise_is_not_falling_fast():
     """Entropy up from 0.07 to 0.12, then back down to 0.075 within the last window: a significant fall
     of 0.045 (> 0.3 x initial), but still above the initial level, so no collapse toward zero."""

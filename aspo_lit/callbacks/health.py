@@ -87,6 +87,11 @@ def level_shift(y: np.ndarray, window: int) -> tuple[float, float, float]:
     return float(first.mean()), float(last.mean()), se
 
 
+def _in_se(difference: float, se: float) -> float:
+    """``difference / se``; ±inf when both windows are constant (se = 0)."""
+    return difference / se if se > 0 else math.copysign(math.inf, difference)
+
+
 def trend_text(name: str, word: str, line: Trend, alpha: float, extra: str = "") -> str:
     """``"<name> <word> (start -> end over the last n batches, slope/batch, p=...[; extra])"``; a
     ``flat`` whose test does not reject reads ``no trend beyond noise`` (its line may still move)."""
@@ -142,7 +147,7 @@ def assess_health(history: Mapping[str, Sequence[float]], *, window: int = 20,
             first, last, se = level_shift(entropy, window)
             if last > first + SHIFT_SE * se and last > (1.0 + max_entropy_rise) * first:
                 signs["entropy"] = (f"entropy rose from {first:.3g} to {last:.3g} (first and last {window} "
-                                    f"batches, +{(last - first) / se:.1f} SE)")
+                                    f"batches, +{_in_se(last - first, se):.1f} SE)")
     reward_rising = False
     if reward.size >= window:
         line = trend(reward[-window:])
@@ -153,7 +158,7 @@ def assess_health(history: Mapping[str, Sequence[float]], *, window: int = 20,
         first, last, se = level_shift(reward, window)
         if last < first - max(min_reward_gain, SHIFT_SE * se):
             signs["reward"] = (f"reward fell from {first:.3g} to {last:.3g} (first and last {window} batches, "
-                               f"{(last - first) / se:.1f} SE)")
+                               f"{_in_se(last - first, se):.1f} SE)")
     clip_persistent = False
     if clip.size >= window:
         median = float(np.median(clip[-window:]))
