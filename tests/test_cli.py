@@ -317,8 +317,8 @@ def test_class_path_loss_without_loss_kwargs_and_import_path_names(tmp_path, tin
 
 def test_on_policy_config_warns_at_start_up(tmp_path, tiny_model_dir, recwarn):
     with pytest.warns(UserWarning, match="every update is on-policy"):
-        _instantiate(tmp_path, tiny_model_dir, extra=("--model.mini_batch_size=16",))  # = data.batch_size
+        _instantiate(tmp_path, tiny_model_dir, extra=("--model.mini_batch_size=32",))  # = data.batch_size
     recwarn.clear()
     _instantiate(tmp_path, tiny_model_dir)  # conf/tiny/aspo.yaml: 4 steps per rollout batch
-    _instantiate(tmp_path, tiny_model_dir, extra=("--model.mini_batch_size=16", "--model.ppo_epochs=2"))
+    _instantiate(tmp_path, tiny_model_dir, extra=("--model.mini_batch_size=32", "--model.ppo_epochs=2"))
     assert not [w for w in recwarn if "on-policy" in str(w.message)]
