@@ -305,8 +305,10 @@ def test_heldout_accuracy_rises(testbed, tmp_path):
         return [row["val/avg@4"] for _, row in sorted(rows.items()) if "val/avg@4" in row]
 
     start, during = accuracy("base"), accuracy("learn")
-    # 60 optimizer steps at 2 per rollout batch = 30 batches: one evaluation, after batch 30
-    assert len(start) == 1 and len(during) == 1
+    # 60 optimizer steps at 2 per rollout batch = 30 batches: the untrained policy's evaluation at
+    # step 0 (ValBeforeTrain), the same number `validate` gives for it, and one after batch 30
+    assert len(start) == 1 and len(during) == 2
+    assert during[0] == start[0]
     assert during[-1] > start[0] + 0.03, (start, during)
 
 

@@ -90,6 +90,11 @@ def lean_decoding_applies(model: Any, cache: Any, sharded: bool) -> bool:
         all(type(layer) in (DynamicLayer, GrowingLayer) for layer in cache.layers)
 
 
+def _full(tensor: Tensor) -> Tensor:
+    full_tensor = getattr(tensor, "full_tensor", None)  # torch.distributed.tensor.DTensor
+    return full_tensor() if callable(full_tensor) else tensor
+
+
 @torch.no_grad()
 def rows_are_stable(model: Any, min_rows: int = MIN_ROWS, max_rows: int = PROBE_MAX_ROWS) -> bool:
     """True when, for every linear layer shape of ``model``, a product of ``h`` rows gives each row the
@@ -106,7 +111,8 @@ def rows_are_stable(model: Any, min_rows: int = MIN_ROWS, max_rows: int = PROBE_
         stable = True
         for shape in shapes:
             layer = by_shape[shape]
-            weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
+            # a DTensor parameter (FSDP2 on one rank) multiplies as its full local tensor does
+            weight, bias = (None if p is None else _full(p.detach()) for p in (layer.weight, layer.bias))
             x = torch.randn(max_rows + 1, shape[0], generator=generator).to(weight.device, weight.dtype)
             full = torch.nn.functional.linear(x, weight, bias)
             stable = all(torch.equal(torch.nn.functional.linear(x[start:start + h], weight, bias),
