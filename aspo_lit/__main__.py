@@ -39,11 +39,11 @@ TOOLS: dict[str, Tool] = {
     "build-testbed": Tool("aspo_lit.testbed.cli:build", "build (or find in the cache) a CPU testbed model"),
     "evaluate": Tool("aspo_lit.eval.evaluate:evaluate",
                      "avg@K / pass@K of a model on the math, code or multiple-choice benchmarks"),
-    "table1": Tool("aspo_lit.eval.evaluate:table", "evaluate conf/table1.yaml's rows, Table 1 beside the paper",
+    "table1": Tool("aspo_lit.eval.table_commands:table", "evaluate conf/table1.yaml's rows, Table 1 beside the paper",
                    "conf/table1.yaml", {"table": "table1"}),
-    "table2": Tool("aspo_lit.eval.evaluate:table", "evaluate conf/table2.yaml's rows (LiveCodeBench), Table 2 beside the paper",
+    "table2": Tool("aspo_lit.eval.table_commands:table", "evaluate conf/table2.yaml's rows (LiveCodeBench), Table 2 beside the paper",
                    "conf/table2.yaml", {"table": "table2"}),
-    "table3": Tool("aspo_lit.eval.evaluate:table", "evaluate conf/table3.yaml's rows (ARC-Challenge, GPQA-Diamond, "
+    "table3": Tool("aspo_lit.eval.table_commands:table", "evaluate conf/table3.yaml's rows (ARC-Challenge, GPQA-Diamond, "
                    "MMLU-Pro), Table 3 beside the paper", "conf/table3.yaml", {"table": "table3"}),
     "figure2": Tool("aspo_lit.figures:figure2", "overlay the paper's Figure 2 panels for several runs", positional=True),
     "study": Tool("experiments.study:study", "the pre-registered CPU-scale study of the paper's training dynamics"),
@@ -59,7 +59,17 @@ def resolve(target: str):
     import importlib
 
     module, name = target.split(":")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as err:
+        if err.name in STUDY_EXTRA:
+            raise SystemExit(f"`{target}` needs {err.name!r}, one of the study's libraries: "
+                             "pip install 'aspo-lit[study]' (make setup installs it)") from err
+        raise
+
+
+#: The libraries only experiments/ needs: pyproject's `study` extra.
+STUDY_EXTRA = ("submitit", "pandas", "tabulate")
 
 
 def run_tool(name: str, argv: list[str]) -> int:

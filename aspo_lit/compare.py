@@ -468,8 +468,8 @@ def plot_bands(run: RunLog, ref: dict, results: Sequence[MetricResult], path: st
         lo = np.array([c.mean - band.halfwidth(c.window, k) for c in cells])
         hi = np.array([c.mean + band.halfwidth(c.window, k) for c in cells])
         x = np.array([c.window * window for c in cells], dtype=float)
-        for i, (xi, l, h) in enumerate(zip(x, lo, hi)):  # a window's band spans its steps
-            ax.fill_between([xi - 0.5, xi + window - 0.5], [l, l], [h, h], color="C0", alpha=0.2, lw=0,
+        for i, (xi, low, high) in enumerate(zip(x, lo, hi)):  # a window's band spans its steps
+            ax.fill_between([xi - 0.5, xi + window - 0.5], [low, low], [high, high], color="C0", alpha=0.2, lw=0,
                             label=f"band (k = {k:.3g})" if i == 0 else None)
         ax.plot(x + (window - 1) / 2, [c.mean for c in cells], color="C0", ls="--", lw=1, label="reference mean")
         if key in run.series:

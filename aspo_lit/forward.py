@@ -52,7 +52,6 @@ from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
-
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from aspo_lit.fused_logprobs import fused_linear_logprobs

@@ -38,7 +38,7 @@ def _validate(logits: Tensor, labels: Tensor | None, chunk_size: int, temperatur
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
-def _chunks(logits: Tensor, chunk_size: int) -> Iterator[slice]:
+def _position_slices(logits: Tensor, chunk_size: int) -> Iterator[slice]:
     """Slices of sequence positions holding about ``chunk_size`` tokens (all rows, ≥ 1 position)."""
     batch, length = logits.shape[:2]
     step = max(1, chunk_size // max(batch, 1))
@@ -76,7 +76,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         logprobs = logits.new_empty((batch, length), dtype=torch.float32)
         log_z = torch.empty_like(logprobs)
         entropy = torch.empty_like(logprobs) if with_entropy else logprobs.new_empty(0)
-        for pos in _chunks(logits, chunk_size):
+        for pos in _position_slices(logits, chunk_size):
             z = _scaled_fp32(logits[:, pos], temperature)
             chunk_log_z, chunk_logprobs, chunk_entropy = chunk_forward(z, labels[:, pos], with_entropy)
             log_z[:, pos] = chunk_log_z
@@ -92,7 +92,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logprobs, _grad_entropy):
         logits, labels, log_z = ctx.saved_tensors
         grad_logits = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        for pos in _chunks(logits, ctx.chunk_size):
+        for pos in _position_slices(logits, ctx.chunk_size):
             z = _scaled_fp32(logits[:, pos], ctx.temperature)
             softmax = (z - log_z[:, pos, None]).exp_()
             grad = grad_logprobs[:, pos, None].float()
@@ -127,6 +127,6 @@ def token_entropy(logits: Tensor, chunk_size: int = 1024, temperature: float = 1
     """Full-vocabulary entropy of ``softmax(logits/τ)`` per position, ``[B, T]`` fp32, detached."""
     _validate(logits, None, chunk_size, temperature)
     entropy = logits.new_empty(logits.shape[:2], dtype=torch.float32)
-    for pos in _chunks(logits, chunk_size):
+    for pos in _position_slices(logits, chunk_size):
         entropy[:, pos] = chunk_forward(_scaled_fp32(logits[:, pos], temperature), None, True)[2]
     return entropy

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
-from aspo_lit.rewards.code import LCB_PRELUDE, CodeReward, find_python, code_gold  # noqa: E402
+from aspo_lit.rewards.code import LCB_PRELUDE, CodeReward, code_gold, find_python
 
 PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"
 GOLD = code_gold({"tests": [{"input": "1 2\n", "output": "3\n"}], "fn_name": None})

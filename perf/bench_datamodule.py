@@ -29,7 +29,7 @@ def main() -> None:
     import torch
 
     from aspo_lit.models import load_policy, load_tokenizer, named_full_tensors, resolve_model_path
-    from aspo_lit.rollout import SamplingConfig, build_engine
+    from aspo_lit.rollout import SamplingConfig
     from data_modules.testbed import ArithmeticRLDataModule
 
     path = resolve_model_path("testbed")

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
-from aspo_lit.forward import response_logprobs, response_logprobs_unfused  # noqa: E402
+from aspo_lit.forward import response_logprobs, response_logprobs_unfused
 
 VOCAB = 151_936
 PROMPT = 16

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
-from aspo_lit.logprobs import logprobs_and_entropy  # noqa: E402
+from aspo_lit.logprobs import logprobs_and_entropy
 
 
 def naive_logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor):

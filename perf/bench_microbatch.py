@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
-from aspo_lit.forward import response_logprobs  # noqa: E402
-from aspo_lit.microbatch import padding_fraction, token_budget_micro_batches, trim_to_micro_batch  # noqa: E402
+from aspo_lit.forward import response_logprobs
+from aspo_lit.microbatch import padding_fraction, token_budget_micro_batches, trim_to_micro_batch
 
 VOCAB = 64
 

@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     import transformers
-    import trl  # noqa: F401 - fail here, not after the first aspo-lit run, when the extra is missing
+    import trl
 
     warnings.filterwarnings("ignore")
     transformers.utils.logging.disable_progress_bar()

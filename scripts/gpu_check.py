@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     for engine in engines:
         try:
             results.append(run(model_dir, args.device, engine, out))
-        except Exception as err:  # report every engine, then fail
+        except Exception as err:  # noqa: BLE001 - report every engine, then fail
             results.append({"engine": engine, "device": args.device, "ok": False, "error": f"{type(err).__name__}: {err}"})
     print(json.dumps(results, indent=1))
     print("gpu-check:", "PASS" if all(r["ok"] for r in results) else "FAIL", f"({out})")

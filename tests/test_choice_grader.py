@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from aspo_lit.eval.choice import ChoiceReward, extract_choice
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,6 +139,8 @@ CASES = [
 ]
 _CHILD = r"""
 import json, resource, sys, time
+import pytest
+
 from aspo_lit.eval.choice import ChoiceReward, extract_choice
 SIZE = 5_000_000
 rep = lambda s: s * (SIZE // len(s))
@@ -153,6 +157,7 @@ print(json.dumps({"letter": letter, "score": score, "chars": len(text),
 """
 
 
+@pytest.mark.hostile
 def test_5mb_adversarial_responses_grade_in_linear_time():
     """Each case in its own process, so a case that runs for hours (the old quadratic fallback)
     is reported instead of hanging the suite."""

@@ -292,8 +292,8 @@ def _fsdp_worker(rank: int, world: int, port: int, out_path: str) -> None:
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -328,6 +328,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.multiproc
 def test_fsdp2_two_processes_equal_naive(tmp_path):
     out = tmp_path / "fsdp.pt"
     torch.multiprocessing.spawn(_fsdp_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("aspo_lit", "data_modules", "experiments")
 
@@ -119,3 +118,16 @@ def test_wheel_carries_the_configs(tmp_path):
     assert out[0].startswith(str(site)), "the wheel's copy must be the one imported"
     assert Path(out[1]) == site / "aspo_lit" / "conf" / "aspo.yaml"
     assert Path(out[1]).read_text() == (REPO / "conf" / "aspo.yaml").read_text()
+
+
+def test_marker_map_names_existing_test_modules():
+    """conftest's module → marker map (what `make test-fast` leaves out) names modules that exist, and
+    every marker it applies is registered; a renamed test file would otherwise drop silently into the fast set."""
+    from tests.conftest import MODULE_MARKERS
+
+    registered = {line.split(":")[0].strip().strip('"') for line in
+                  re.findall(r'"([a-z0-9_]+:[^"]*)"', (REPO / "pyproject.toml").read_text())}
+    for marker, names in MODULE_MARKERS.items():
+        assert marker in registered, marker
+        for name in names:
+            assert (REPO / "tests" / f"{name}.py").is_file(), name

@@ -131,6 +131,7 @@ def _rank_main(rank: int, world_size: int, port: int, queue) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.multiproc
 def test_distributed_reduction_two_processes():
     """Each rank updates different problems; compute() on both equals the single-process value."""
     world_size = 2

@@ -49,8 +49,6 @@ from pathlib import Path
 from data_modules.sources import normalize_golds
 
 
-
-
 @dataclass(frozen=True)
 class Benchmark:
     name: str
@@ -215,7 +213,10 @@ def _load_hub(bench: Benchmark) -> list[dict]:
     import datasets
 
     table = datasets.load_dataset(bench.hub_id, bench.hub_config, split=bench.split)
-    get = lambda record, ours, default=None: record.get(bench.fields.get(ours, ours), default)
+
+    def get(record, ours, default=None):
+        return record.get(bench.fields.get(ours, ours), default)
+
     rows = []
     for i, record in enumerate(table):
         problem, answer = get(record, "problem"), _hub_answer(get(record, "answer"))

@@ -138,7 +138,7 @@ def render_table(results: dict, table: str = "table1", compare_paper: bool = Tru
     the columns that hold a value or a missing cell.
     out_dir: when given, also write <out_dir>/<table>.md and <table>.csv.
     note: a caveat printed under the table (default: the table's own, if any).
-    footer: the last line (``run_table``: the count of computed and missing cells).
+    footer: the last line (``evaluate_table``: the count of computed and missing cells).
     Returns (markdown, rows); each row is {"base_model", "method", "status" ("ok" | "incomplete" |
     "missing"), "reason", "missing_cells": {column: reason}, "cells": {column: {"ours", "paper",
     "delta"}}}.

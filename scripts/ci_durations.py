@@ -1,0 +1,68 @@
+"""Summarise a CI log (`CI=true bash .ci/run 2>&1 | tee ci.log`) into the tables of docs/ci.md.
+
+    python scripts/ci_durations.py ci.log            # Markdown on stdout
+
+It reads pytest's ``--durations`` section (every phase of every test over `--durations-min`), the
+summary line, and the ``== ... passed in N s`` lines of ``make test-numerics``, and prints: the
+totals, the seconds per test file, and the slowest tests. Nothing is
+estimated: a test below `--durations-min` counts in the suite's total only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+DURATION = re.compile(r"^\s*([\d.]+)s (call|setup|teardown)\s+(\S+)")
+SUMMARY = re.compile(r"^(?:=+ )?(\d+ (?:passed|failed).*?) in ([\d.]+)s")
+NUMERICS = re.compile(r"^== (\S+): passed in (\d+) s")
+
+
+def parse(text: str) -> dict:
+    """The durations (seconds, phase, test id), pytest's summary and the numerics reruns of one log."""
+    rows, summary, numerics = [], None, []
+    for line in text.splitlines():
+        if m := DURATION.match(line):
+            rows.append((float(m[1]), m[2], m[3]))
+        elif (m := SUMMARY.match(line)) and summary is None:
+            summary = (m[1], float(m[2]))
+        elif m := NUMERICS.match(line):
+            numerics.append((m[1], int(m[2])))
+    if summary is None:
+        raise SystemExit("no pytest summary line in the log: is it a `CI=true bash .ci/run` log?")
+    return {"rows": rows, "summary": summary, "numerics": numerics}
+
+
+def render(log: dict, top: int = 30) -> str:
+    rows, (result, total), numerics = log["rows"], log["summary"], log["numerics"]
+    per_file: dict[str, float] = defaultdict(float)
+    for seconds, _, test in rows:
+        per_file[test.split("::")[0]] += seconds
+    listed = sum(s for s, _, _ in rows)
+    out = [f"pytest: {result} in {total:.0f} s; the tests listed below account for {listed:.0f} s of it.", ""]
+    if numerics:
+        out += ["| numerics rerun (`make test-numerics`) | s |", "|---|---|"]
+        out += [f"| `{setting}` | {seconds} |" for setting, seconds in numerics] + [""]
+    out += ["| test file | s | share |", "|---|---|---|"]
+    for path, seconds in sorted(per_file.items(), key=lambda kv: -kv[1]):
+        out.append(f"| `{path}` | {seconds:.0f} | {seconds / total:.0%} |")
+    out += ["", f"The {top} slowest phases:", "", "| s | phase | test |", "|---|---|---|"]
+    for seconds, phase, test in sorted(rows, reverse=True)[:top]:
+        out.append(f"| {seconds:.1f} | {phase} | `{test}` |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("log", type=Path)
+    parser.add_argument("--top", type=int, default=30)
+    args = parser.parse_args(argv)
+    sys.stdout.write(render(parse(args.log.read_text(errors="replace")), args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""scripts/ci_durations.py turns a CI log into docs/ci.md's tables: per-file sums of the listed phases,
+the slowest phases, the numerics reruns, and a clear error on a log that is not one."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ci_durations.py"
+LOG = """\
+.venv/bin/python -m pytest -q --durations=0 --durations-min=1
+..........                                                               [100%]
+============================= slowest durations ==============================
+279.42s call     tests/test_study.py::test_quick_profile_end_to_end
+60.23s setup    tests/test_colocate.py::test_two_ranks_colocated_push_every_step
+36.15s call     tests/test_colocate.py::test_two_ranks_colocated_push_every_step
+1.50s teardown tests/test_colocate.py::test_resume_pushes_the_restored_weights
+10 passed, 1 skipped, 3 warnings in 400.00s (0:06:40)
+== numerics tests under ATEN_CPU_CAPABILITY=default
+== ATEN_CPU_CAPABILITY=default: passed in 25 s
+== MKL_ENABLE_INSTRUCTIONS=AVX2: passed in 24 s
+"""
+
+
+@pytest.fixture(scope="module")
+def ci_durations():
+    spec = importlib.util.spec_from_file_location("ci_durations", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tables_sum_each_file_and_list_the_slowest(ci_durations):
+    log = ci_durations.parse(LOG)
+    assert log["summary"] == ("10 passed, 1 skipped, 3 warnings", 400.0)
+    assert log["numerics"] == [("ATEN_CPU_CAPABILITY=default", 25), ("MKL_ENABLE_INSTRUCTIONS=AVX2", 24)]
+    text = ci_durations.render(log, top=2)
+    # colocate: 60.23 + 36.15 + 1.50 = 97.88 -> 98 s, 24 % of 400 s
+    assert "| `tests/test_colocate.py` | 98 | 24% |" in text
+    assert "| `tests/test_study.py` | 279 | 70% |" in text
+    assert "account for 377 s" in text  # 279.42 + 97.88
+    slowest = text.split("slowest phases:")[1]
+    assert "test_quick_profile_end_to_end" in slowest and "| 60.2 | setup |" in slowest
+    assert "| 36.1 |" not in slowest  # top=2
+
+
+def test_a_log_without_a_summary_is_refused(ci_durations):
+    with pytest.raises(SystemExit, match="no pytest summary line"):
+        ci_durations.parse("setup: done\n279.42s call     tests/test_study.py::test_x\n")
