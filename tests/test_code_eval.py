@@ -134,8 +134,8 @@ def test_tiny_profile_table2(tmp_path, shared_data_dir):
     always, the GRPO/ASPO rows when the tiny code runs exist, else reported missing."""
     import yaml
 
-    from aspo_lit.testbed.code import build_code_testbed
     from aspo_lit.eval.evaluate import run_table2
+    from aspo_lit.testbed.code import build_code_testbed
 
     if not (shared_data_dir / "code" / "lcb_v5.jsonl").is_file():
         pytest.skip("LiveCodeBench files not staged")

@@ -10,8 +10,8 @@ import pytest
 
 from aspo_lit.eval.datasets import BENCHMARKS, load_benchmark
 from aspo_lit.eval.evaluate import evaluate_model, export_checkpoint, read_sample_records
-from aspo_lit.prompts import INSTRUCTION, build_prompt
 from aspo_lit.eval.tables import load_paper_table, render_table1
+from aspo_lit.prompts import INSTRUCTION, build_prompt
 from tests.tolerance import approx64  # float64 maths on O(1)-O(100) values (docs/design.md, "Tolerances in tests")
 
 PAPER_COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272,

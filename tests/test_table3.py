@@ -8,10 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from aspo_lit.eval.choice import (
+    CHOICE_INSTRUCTION,
+    LETTERS,
+    ChoiceReward,
+    build_choice_message,
+    extract_choice,
+    fixture_records,
+    gpqa_permutation,
+    normalize_record,
+    render_options,
+    write_fixture,
+)
 from aspo_lit.eval.datasets import BENCHMARKS, load_benchmark
-from aspo_lit.eval.choice import (CHOICE_INSTRUCTION, LETTERS, ChoiceReward, build_choice_message,
-                             extract_choice, fixture_records, gpqa_permutation, normalize_record,
-                             render_options, write_fixture)
 from aspo_lit.eval.evaluate import evaluate_model
 from tests.tolerance import approx64  # float64 maths on O(1)-O(100) values (docs/design.md, "Tolerances in tests")
 
