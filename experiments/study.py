@@ -40,8 +40,8 @@ cleanly (:mod:`experiments.runner`); rerunning the same command resumes them.
 
 from __future__ import annotations
 
-import inspect
 import hashlib
+import inspect
 import json
 import os
 import subprocess
@@ -54,7 +54,6 @@ from typing import Any, Literal
 
 from experiments.report import write_report
 from experiments.runner import REPO, Run, RunJob, execute, make_executor, read_json, run_env, run_name, write_json
-
 
 
 @dataclass

@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from aspo_lit.__main__ import main
 from experiments import report as R
 from experiments import runner
 from experiments import study as S
-from aspo_lit.__main__ import main
 from tests.tolerance import approx64  # float64 maths on O(1)-O(100) values (docs/design.md, "Tolerances in tests")
 
 REPO = Path(__file__).resolve().parents[1]
