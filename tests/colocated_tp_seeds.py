@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aspo_lit.rollout import SamplingConfig, VLLMEngine  # noqa: E402
-from tests.test_rollout import policy_logprob_gap  # noqa: E402
+from aspo_lit.rollout import SamplingConfig, VLLMEngine
+from tests.test_rollout import policy_logprob_gap
 
 
 def main() -> None:

@@ -20,11 +20,11 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aspo_lit.advantages import group_advantages  # noqa: E402
-from aspo_lit.callbacks import EntropyMechanism, EntropyMonitor, TrainingStats  # noqa: E402
-from aspo_lit.models import full_state_dict  # noqa: E402
-from aspo_lit.module import ASPOModule  # noqa: E402
-from aspo_lit.rollout.batch import RolloutBatch  # noqa: E402
+from aspo_lit.advantages import group_advantages
+from aspo_lit.callbacks import EntropyMechanism, EntropyMonitor, TrainingStats
+from aspo_lit.models import full_state_dict
+from aspo_lit.module import ASPOModule
+from aspo_lit.rollout.batch import RolloutBatch
 
 GROUPS, G, P, T = 8, 4, 6, 10
 DIAGNOSTICS = ("train/entropy", "train/kl", "train/reward_mean", "response/length_mean", "response/length_max")

@@ -249,13 +249,13 @@ def test_defaults_of_training_and_evaluation():
     ``either``); a table config's ``math_reward`` arguments reach the evaluator, and the rule is
     part of a math benchmark's sample settings (results graded by another rule are not mixed in)."""
     from aspo_lit.eval.datasets import get_benchmark
-    from aspo_lit.eval.evaluate import _Session
+    from aspo_lit.eval.evaluate import _EvalRun
     from data_modules.math import MathRLDataModule
 
     assert repr(MathRLDataModule().reward).startswith("MathReward(verifier='either'")
-    session = _Session("m", None, "hf", None, "chat", False, None, cache_dir=None)
+    session = _EvalRun("m", None, "hf", None, "chat", False, None, cache_dir=None)
     assert type(session.reward) is MathReward and session.reward.verifier == "either"
-    session = _Session("m", None, "hf", None, "chat", False, {"verifier": "released", "timeout_s": 2},
+    session = _EvalRun("m", None, "hf", None, "chat", False, {"verifier": "released", "timeout_s": 2},
                        cache_dir=None)
     assert session.reward.verifier == "released" and session.reward.timeout_s == 2.0
     session.meta = {"model": "m"}   # the model's fingerprint is not what this test is about

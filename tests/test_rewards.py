@@ -184,6 +184,7 @@ ADVERSARIAL = {
 GOLDS = ["5", "\\frac{1}{3}"]  # an integer gold, and one that sends DeepScaleR's answer to sympy
 
 
+@pytest.mark.hostile
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 def test_adversarial_main_thread_bounded(name):
     """Every rule, in the calling thread: 0 within the time bound (two verifier steps at most)."""
@@ -197,6 +198,7 @@ def test_adversarial_main_thread_bounded(name):
             assert elapsed < 2 * TIMEOUT_S + MARGIN_S, f"{name} ({verifier}, gold {gold}) took {elapsed:.1f} s"
 
 
+@pytest.mark.hostile
 @pytest.mark.parametrize("verifier", VERIFIERS)
 def test_adversarial_process_pool_bounded(verifier):
     r = MathReward(verifier, timeout_s=TIMEOUT_S, num_workers=2)
@@ -239,6 +241,7 @@ def test_non_main_thread_is_bounded(verifier):
         r.close()
 
 
+@pytest.mark.hostile
 def test_hung_worker_is_killed_and_replaced(caplog):
     """A worker stuck past the hard deadline is killed (reported); its item scores 0, the pool goes on."""
     r = MathVerifyReward(timeout_s=60.0, hard_timeout_s=1.0, num_workers=1)
@@ -263,6 +266,7 @@ def _call(fn, *args):
     return fn(*args)
 
 
+@pytest.mark.hostile
 def test_grading_pool_deadline_and_dead_workers():
     """Past the hard deadline (even stuck inside C code) or with its worker dead, an item scores 0
     and is counted; the rest are graded, in order, and the pool keeps working, even after a
@@ -315,6 +319,7 @@ def test_overlong_penalty_applied_once_in_rollouts(buffer, expected):
     """``data.overlong_buffer`` with the default math-verify reward: the penalty is added exactly once."""
     import torch  # here, not at the top: Lightning takes long to import and only this test needs it
 
+    from aspo_lit.module import PolicyHandle
     from aspo_lit.rollout import Completion, RolloutEngine
     from data_modules.math import MathRLDataModule
 
@@ -337,9 +342,9 @@ def test_overlong_penalty_applied_once_in_rollouts(buffer, expected):
     data = MathRLDataModule(group_size=4, max_response_length=100, overlong_buffer=buffer,
                             overlong_penalty_factor=1.0, engine=ScriptedEngine(),
                             reward=MathVerifyReward(num_workers=0))
-    module = SimpleNamespace(policy=None, tokenizer=SimpleNamespace(pad_token_id=0), device=torch.device("cpu"),
-                             hparams=SimpleNamespace(model_name_or_path=None))
-    data.trainer = SimpleNamespace(lightning_module=module, global_step=0, world_size=1, global_rank=0)
+    data.attach_policy(PolicyHandle(tokenizer=SimpleNamespace(pad_token_id=0), policy=None, model_path=None,
+                                    device=torch.device("cpu")))
+    data.trainer = SimpleNamespace(global_step=0, world_size=1, global_rank=0)
     batch = data.rollout([{"id": 0, "problem": "1+2?", "answer": "3", "prompt_ids": [5, 6]}], seed=0)
     assert batch.rewards.tolist() == expected  # 1 or 0 plus a penalty of 0, -0.5 or -1: exact in fp32
 

@@ -15,7 +15,6 @@ import importlib.util
 import pytest
 import torch
 
-from aspo_lit.rollout import decode as decode_module
 from aspo_lit.rollout import (
     Completion,
     HFEngine,
@@ -25,6 +24,7 @@ from aspo_lit.rollout import (
     pack_rollouts,
     position_ids_from_mask,
 )
+from aspo_lit.rollout import decode as decode_module
 
 # Mean |engine log-prob - policy log-prob| thresholds, not rounding bounds: the engine and the fp32
 # policy evaluate the same network with other matmul shapes (prefill + one-token steps, vLLM's kernels),
@@ -80,7 +80,7 @@ class Setup:
 def vllm_setup(tiny_tied_model_dir):
     try:
         import vllm  # noqa: F401
-    except Exception as e:  # pragma: no cover - depends on the install
+    except Exception as e:  # noqa: BLE001 - any import failure: vLLM is unavailable here
         pytest.skip(f"import vllm fails: {type(e).__name__}: {e}")
     from aspo_lit.rollout import VLLMEngine
 

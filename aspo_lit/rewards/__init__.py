@@ -3,6 +3,8 @@ a rule, ``verifiers``; its grading pool, ``pool``; gold answers as a model write
 ``golds``), the sandboxed execution reward (code, ``aspo_lit.rewards.code``), and DAPO's overlong
 penalty (``shaping``)."""
 
+from aspo_lit.rewards.code import CodeReward, SandboxUnavailable, code_gold, extract_code
+from aspo_lit.rewards.golds import normalize_gold
 from aspo_lit.rewards.math import (
     RewardFn,
     compute_score,
@@ -12,11 +14,9 @@ from aspo_lit.rewards.math import (
     normalize_answer,
     remove_boxed,
 )
-from aspo_lit.rewards.golds import normalize_gold
 from aspo_lit.rewards.reward import MathReward, MathVerifyReward
-from aspo_lit.rewards.verifiers import VERIFIERS
-from aspo_lit.rewards.code import CodeReward, SandboxUnavailable, code_gold, extract_code
 from aspo_lit.rewards.shaping import overlong_penalty
+from aspo_lit.rewards.verifiers import VERIFIERS
 
 __all__ = [
     "CodeReward",

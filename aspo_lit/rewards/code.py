@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
+from aspo_lit.rewards.lifecycle import ProcessLocalWorkers
 from aspo_lit.rewards.livecodebench import (
     LCB_PRELUDE,
     CodeSpec,
@@ -49,7 +50,7 @@ from aspo_lit.rewards.livecodebench import (
     result_matches,
     stdout_match,
 )
-from aspo_lit.rewards.sandbox import SANDBOXES, Sandbox, SandboxConfig, SandboxUnavailable, find_python
+from aspo_lit.rewards.sandbox import Sandbox, SandboxConfig, SandboxKind, SandboxUnavailable, find_python
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ class _Limits:
 # --------------------------------------------------------------------------- the reward
 
 
-class CodeReward:
+class CodeReward(ProcessLocalWorkers):
     """Binary execution reward for code RL: 1.0 iff the response's program passes every test.
 
     Args:
@@ -202,7 +203,7 @@ class CodeReward:
 
     def __init__(
         self,
-        sandbox: str = "bwrap",
+        sandbox: SandboxKind = "bwrap",
         timeout_s: float = 6.0,
         total_timeout_s: float | None = None,
         max_total_timeout_s: float = 120.0,
@@ -220,8 +221,6 @@ class CodeReward:
         time_limit_factor: float = 1.0,
         bwrap: str = "bwrap",
     ) -> None:
-        if sandbox not in SANDBOXES:
-            raise ValueError(f"sandbox must be one of {SANDBOXES}, got {sandbox!r}")
         if timeout_s <= 0 or memory_limit_mb <= 0 or max_output_mb <= 0 or max_processes < 1:
             raise ValueError("timeout_s, memory_limit_mb, max_output_mb and max_processes must be positive")
         if timeout_s > max_total_timeout_s or (total_timeout_s is not None and timeout_s > total_timeout_s):
@@ -253,27 +252,20 @@ class CodeReward:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    # -- lifecycle
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.update(_sandbox=None, _pool=None, _lock=None, failures=collections.Counter())
-        return state
+    # -- lifecycle: pickled without its sandbox and threads (``ProcessLocalWorkers``)
+    _process_local = ("_sandbox", "_pool")
 
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    def __del__(self):
-        try:
-            self.close(wait=False)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "failures": collections.Counter()}  # a copy counts its own
 
     def close(self, wait: bool = True) -> None:
         """Stop the grading threads (a later call starts them again)."""
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=wait, cancel_futures=True)
+
+    def _stop_without_waiting(self) -> None:
+        self.close(wait=False)
 
     def __repr__(self) -> str:
         return (f"CodeReward(sandbox={self.sandbox!r}, timeout_s={self.timeout_s}, "

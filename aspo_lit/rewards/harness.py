@@ -15,7 +15,14 @@ closes every other fd, lowers its rlimits, then executes the program; after each
 process of the sandbox is killed. The harness itself is made unreachable from the program
 (``protect``): it cannot be traced, stopped, killed or have its reply pipe opened.
 """
-import os, sys, json, time, signal, resource, builtins, io
+import builtins
+import io
+import json
+import os
+import resource
+import signal
+import sys
+import time
 
 PROTO_IN = PROTO_OUT = None   # the grader's pipes (stdin/stdout), opened when run as a program
 
@@ -177,16 +184,16 @@ def run_child(cfg, compiled, base, args, paths):
             payload = json.dumps(encode(result)).encode()
     except SystemExit:
         ok = not fn
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the harness reports any failure of untrusted code as a verdict
         ok = False
         try:
             import traceback
             traceback.print_exc()
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - the harness reports any failure of untrusted code as a verdict
             pass
     try:
         sys.stdout.flush()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the harness reports any failure of untrusted code as a verdict
         ok = False
     if ok and payload is not None:
         try:
@@ -195,7 +202,7 @@ def run_child(cfg, compiled, base, args, paths):
             while view:
                 view = view[os.write(rfd, view):]
             os.close(rfd)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - the harness reports any failure of untrusted code as a verdict
             ok = False
     os._exit(0 if ok else 1)
 
@@ -221,7 +228,7 @@ def main():
     os.chdir(work)
     try:
         compiled = compile(cfg["code"], "<solution>", "exec")
-    except BaseException as err:
+    except BaseException as err:  # noqa: BLE001 - the harness reports any failure of untrusted code as a verdict
         send("compile_error", detail=repr(err)[:500])
         return
     base = {}

@@ -226,7 +226,7 @@ def math_verify_score(gold: str, answer: str) -> float:
         gold_parsed = list(_parse_gold(gold))
         pred = _parse(answer)
         return float(bool(gold_parsed and pred and mv.verify(gold_parsed, pred, timeout_seconds=None)))
-    except (Exception, timeout_exception):  # noqa: BLE001 - malformed LaTeX must score 0, not crash
+    except (Exception, timeout_exception):
         logger.debug("grading failed", exc_info=True)
         return 0.0
 

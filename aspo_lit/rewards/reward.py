@@ -15,14 +15,16 @@ import os
 import threading
 from typing import Sequence
 
+from aspo_lit.rewards.lifecycle import ProcessLocalWorkers
 from aspo_lit.rewards.math import extract_answer, in_main_thread
 from aspo_lit.rewards.pool import GradingPool
-from aspo_lit.rewards.verifiers import VERIFIERS, Verifier, grade, load_verifiers, quick_score
+from aspo_lit.rewards.verifiers import Verifier, grade, load_verifiers, quick_score
+from aspo_lit.settings import check_choice
 
 __all__ = ["MathReward", "MathVerifyReward"]
 
 
-class MathReward:
+class MathReward(ProcessLocalWorkers):
     """0/1 math correctness with DeepScaleR's and/or math-verify's verifier (docs/grading.md).
 
     Scores text only: DAPO's overlong penalty is the DataModule's (``data.overlong_buffer``).
@@ -60,8 +62,7 @@ class MathReward:
         hard_timeout_s: float | None = None,
         worker_memory_limit_mb: int | None = 4096,
     ):
-        if verifier not in VERIFIERS:
-            raise ValueError(f"reward verifier must be one of {', '.join(VERIFIERS)}; got {verifier!r}")
+        check_choice("verifier", verifier, Verifier)
         if verifier != "math_verify" and importlib.util.find_spec("pylatexenc") is None:
             raise ImportError(f"verifier={verifier!r} needs DeepScaleR's LaTeX reader: pip install pylatexenc "
                               "(verifier='math_verify' runs without it)")
@@ -77,22 +78,7 @@ class MathReward:
         self.pool: GradingPool | None = None
         self._lock = threading.Lock()
 
-    # -- pickling: the pool and lock stay behind
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["pool"] = None
-        state["_lock"] = None
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
+    _process_local = ("pool",)  # pickled without its grading processes (``ProcessLocalWorkers``)
 
     def close(self) -> None:
         """Stop the worker processes (they restart on the next pooled call)."""
@@ -163,16 +149,6 @@ class MathReward:
 class MathVerifyReward(MathReward):
     """``MathReward`` with math-verify alone (``verifier="math_verify"``); same other arguments."""
 
-    def __init__(
-        self,
-        timeout_s: float = 5.0,
-        num_workers: int | None = None,
-        think_end_token: str | None = "</think>",
-        format_reward: bool = False,
-        format_error_score: float = -1.0,
-        fast_path: bool = True,
-        hard_timeout_s: float | None = None,
-        worker_memory_limit_mb: int | None = 4096,
-    ):
-        super().__init__("math_verify", timeout_s, num_workers, think_end_token, format_reward,
-                         format_error_score, fast_path, hard_timeout_s, worker_memory_limit_mb)
+    def __init__(self, **kwargs):
+        # every argument but the verifier is MathReward's: jsonargparse reads them from there
+        super().__init__(verifier="math_verify", **kwargs)

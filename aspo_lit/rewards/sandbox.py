@@ -50,14 +50,17 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
+
+from aspo_lit.settings import check_choice
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FALLBACK_LIMITS", "MemoryCgroup", "OPT_IN_HINT", "SANDBOXES", "Sandbox", "SandboxConfig",
+__all__ = ["FALLBACK_LIMITS", "MemoryCgroup", "OPT_IN_HINT", "SANDBOXES", "Sandbox", "SandboxConfig", "SandboxKind",
            "SandboxUnavailable", "find_cgroup_parent", "find_python"]
 
-SANDBOXES = ("bwrap", "rlimit")
+SandboxKind = Literal["bwrap", "rlimit"]
+SANDBOXES: tuple[str, ...] = get_args(SandboxKind)
 OPT_IN_HINT = ("set sandbox='rlimit' to opt into rlimit-only isolation (no file-system or network "
                "isolation): CodeReward(sandbox='rlimit'), YAML data.init_args.sandbox: rlimit, "
                "or evaluate --sandbox rlimit")
@@ -186,7 +189,7 @@ class SandboxConfig:
     """How programs are isolated. Every field defaults to the strongest setting; the others
     exist so that tests can show each protection is needed (weaken one, see an attack succeed)."""
 
-    kind: str = "bwrap"
+    kind: SandboxKind = "bwrap"
     bwrap: str = "bwrap"
     python: str = "auto"
     run_as_uid: int | None = 65534         # when the grader is root (None: stay root)
@@ -202,13 +205,14 @@ class SandboxConfig:
     memory_cgroup: bool = True              # one memory cgroup per sandbox, where one is writable
     memory_bytes: int = 2560 * 2**20        # that cgroup's limit: every process, memfd and tmpfs page
 
+    def __post_init__(self) -> None:
+        check_choice("sandbox (SandboxConfig.kind)", self.kind, SandboxKind)
+
 
 class Sandbox:
     """Builds the command that starts the harness, puts it in its memory cgroup, and ends it."""
 
     def __init__(self, config: SandboxConfig):
-        if config.kind not in SANDBOXES:
-            raise ValueError(f"sandbox must be one of {SANDBOXES}, got {config.kind!r}")
         self.config = config
         self.python, self.python_binds = find_python(config.python)
         self.uid = config.run_as_uid if os.geteuid() == 0 and config.run_as_uid is not None else None

@@ -27,22 +27,22 @@ past ``timeout_s`` from the call's start.
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Literal, get_args
 
 from aspo_lit.rewards import deepscaler
 from aspo_lit.rewards.math import (
     bounded_in_main_thread,
-    shortcut_score,
-    math_verify_score,
     extract_answer,
     gold_answer,
     load_math_verify,
+    math_verify_score,
+    shortcut_score,
 )
 
 __all__ = ["VERIFIERS", "Verifier", "grade", "load_verifiers", "quick_score"]
 
 Verifier = Literal["either", "released", "math_verify", "deepscaler"]
-VERIFIERS: tuple[str, ...] = ("either", "released", "math_verify", "deepscaler")
+VERIFIERS: tuple[str, ...] = get_args(Verifier)
 
 
 def _after_thinking(text: str, think_end_token: str | None) -> str:
@@ -86,13 +86,11 @@ def skywork_math_verify(solution: str, gold: str, semantic: bool = True) -> bool
         return False
 
 
-def grade(solution_str: str, ground_truth: str, verifier: str = "either", timeout_s: float = 5.0,
+def grade(solution_str: str, ground_truth: str, verifier: Verifier = "either", timeout_s: float = 5.0,
           think_end_token: str | None = "</think>", fast_path: bool = True) -> float:
     """1.0 if ``verifier`` accepts the response's final answer against the gold, else 0.0; never
     raises on any text. Run it in a main thread (signals bound each step) or in ``GradingPool``
-    workers."""
-    if verifier not in VERIFIERS:
-        raise ValueError(f"verifier must be one of {', '.join(VERIFIERS)}; got {verifier!r}")
+    workers. ``verifier`` is taken as checked (``MathReward`` checks it once, when it is built)."""
     quick = quick_score(solution_str, ground_truth, verifier, think_end_token, fast_path)
     if quick is not None:
         return quick

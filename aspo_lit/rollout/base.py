@@ -34,7 +34,7 @@ import abc
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -48,7 +48,8 @@ __all__ = [
 ]
 
 FINISH_REASONS = ("stop", "length")
-LOGPROBS_MODES = ("processed", "raw")
+LogprobsMode = Literal["processed", "raw"]
+LOGPROBS_MODES: tuple[str, ...] = get_args(LogprobsMode)
 
 
 @dataclass
@@ -145,12 +146,8 @@ class RolloutEngine(abc.ABC):
             raise RuntimeError(f"{type(self).__name__}: call attach(model, tokenizer, model_path) first")
 
     @abc.abstractmethod
-    def generate(
-        self,
-        prompts: list[list[int]] | list[str],
-        n: int = 1,
-        sampling: SamplingConfig | None = None,
-    ) -> list[list[Completion]]:
+    def generate(self, prompts: list[list[int]] | list[str], n: int = 1,
+                 sampling: SamplingConfig | None = None) -> list[list[Completion]]:
         """Sample ``n`` completions per prompt: ``result[i][j]`` is sample ``j`` of prompt ``i``."""
 
     @abc.abstractmethod
@@ -175,6 +172,15 @@ class RolloutEngine(abc.ABC):
         self.close()
 
     # -- helpers -----------------------------------------------------------------------------
+    def _start_generate(self, prompts: list[list[int]] | list[str], n: int,
+                        sampling: SamplingConfig | None) -> tuple[list[list[int]], SamplingConfig]:
+        """What every ``generate`` does first: check that the engine is attached and ``n >= 1``;
+        returns the prompts as token-id lists (``_encode_prompts``) and the sampling settings."""
+        self._require_attached()
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        return self._encode_prompts(prompts), sampling or SamplingConfig()
+
     def _encode_prompts(self, prompts: list[list[int]] | list[str]) -> list[list[int]]:
         if isinstance(prompts, (str, bytes)) or (
             prompts and isinstance(prompts[0], int)

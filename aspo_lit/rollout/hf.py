@@ -24,17 +24,20 @@ import copy as copy_module
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
-from .base import LOGPROBS_MODES, Completion, RolloutEngine, SamplingConfig, named_tensors_of
+from aspo_lit.settings import check_choice
+
+from .base import Completion, LogprobsMode, RolloutEngine, SamplingConfig, named_tensors_of
 
 log = logging.getLogger(__name__)
 
 __all__ = ["HFEngine", "DECODE_MODES"]
 
-DECODE_MODES = ("lean", "generate")
+DecodeMode = Literal["lean", "generate"]
+DECODE_MODES: tuple[str, ...] = get_args(DecodeMode)
 
 
 def _is_sharded(model: Any) -> bool:
@@ -138,19 +141,17 @@ class HFEngine(RolloutEngine):
         self,
         max_batch_size: int = 64,
         copy: bool = False,
-        logprobs_mode: str = "processed",
+        logprobs_mode: LogprobsMode = "processed",
         dtype: str | torch.dtype | None = None,
         device: str | torch.device | None = None,
-        decode: str = "lean",
+        decode: DecodeMode = "lean",
     ) -> None:
         super().__init__()
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
-        if decode not in DECODE_MODES:
-            raise ValueError(f"decode must be one of {DECODE_MODES}, got {decode!r}")
+        check_choice("decode", decode, DecodeMode)
+        check_choice("logprobs_mode", logprobs_mode, LogprobsMode)
         self.decode = decode
-        if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         self.max_batch_size = int(max_batch_size)
         self.copy = bool(copy)
         self.logprobs_mode = logprobs_mode
@@ -238,17 +239,9 @@ class HFEngine(RolloutEngine):
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(
-        self,
-        prompts: list[list[int]] | list[str],
-        n: int = 1,
-        sampling: SamplingConfig | None = None,
-    ) -> list[list[Completion]]:
-        self._require_attached()
-        sampling = sampling or SamplingConfig()
-        if n < 1:
-            raise ValueError("n must be >= 1")
-        prompt_ids = self._encode_prompts(prompts)
+    def generate(self, prompts: list[list[int]] | list[str], n: int = 1,
+                 sampling: SamplingConfig | None = None) -> list[list[Completion]]:
+        prompt_ids, sampling = self._start_generate(prompts, n, sampling)
         rows = [ids for ids in prompt_ids for _ in range(n)]
         model = self.model
         device = next(model.parameters()).device

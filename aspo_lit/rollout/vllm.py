@@ -14,15 +14,10 @@ Topologies (``VLLMEngine``):
 * **multiprocess** (the default outside a process group): vLLM's own engine process; a push
   writes the tensors to a private ``model.safetensors`` and the worker reloads it.
 
-The one call that differs between CPU and GPU is the one that takes the tensors
-(``ASPOWorkerExtension.aspo_load_weights``): on GPU the model's ``load_weights`` (TRL's and
-verl's call); on CPU vLLM repacks every linear weight into a oneDNN handle after loading, so
-``load_weights`` fails there ("'Parameter' object has no attribute 'weight_loader'") and the model
-runner's ``reload_weights(weights_iterator=...)`` (layer-wise reload, which redoes the repacking)
-takes them instead. Tied embeddings: the layer-wise reload re-processes ``embed_tokens`` only, so
-on CPU the packed ``lm_head`` is re-tied and re-packed after every reload (on GPU vLLM's
-``lm_head`` *is* the embedding parameter). After every push ``reset_prefix_cache()``: cached prompt
-KV blocks were computed by the old weights.
+Inside vLLM's worker the weights are taken by ``ASPOWorkerExtension`` (``aspo_lit.rollout.vllm_worker``),
+the one place where CPU and GPU differ: the model's ``load_weights`` on GPU, the runner's
+layer-wise ``reload_weights`` on CPU (which also re-packs a tied ``lm_head``). After every push
+``reset_prefix_cache()``: cached prompt KV blocks were computed by the old weights.
 
 Sleep mode (``enable_sleep_mode``): the engine sleeps at ``sleep_level`` after every ``generate``
 (and, colocated, right after attaching); a push wakes the weights, loads, resets the prefix cache; ``generate`` wakes the
@@ -56,19 +51,22 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from aspo_lit.seeding import derived_seed
+from aspo_lit.settings import check_choice
 
-from .base import LOGPROBS_MODES, Completion, RolloutEngine, SamplingConfig, iter_named_tensors
+from .base import Completion, LogprobsMode, RolloutEngine, SamplingConfig, iter_named_tensors
+from .vllm_worker import ASPOWorkerExtension, _rng_states, _set_rng_states  # the class: its old qualified name
 
 log = logging.getLogger(__name__)
 
 __all__ = ["VLLMEngine", "ASPOWorkerExtension", "configure_vllm_env", "vllm_cache_root"]
 
-_WORKER_EXTENSION = "aspo_lit.rollout.vllm.ASPOWorkerExtension"
+_WORKER_EXTENSION = "aspo_lit.rollout.vllm_worker.ASPOWorkerExtension"
+SleepLevel = Literal[1, 2]  # vLLM's sleep levels (VLLMEngine, sleep_level)
 
 
 def vllm_cache_root() -> Path:
@@ -111,144 +109,6 @@ def _resolve_dtype(dtype: Any, model_path: Any) -> Any:
     text_cfg = cfg.get("text_config") or {}
     found = cfg.get("dtype") or cfg.get("torch_dtype") or text_cfg.get("dtype") or text_cfg.get("torch_dtype")
     return "float32" if str(found).replace("torch.", "") == "float32" else dtype
-
-
-# ------------------------------------------------------------------------------------------------
-# Worker side (runs inside vLLM's worker, in a spawned process unless in_process=True)
-# ------------------------------------------------------------------------------------------------
-class ASPOWorkerExtension:
-    """Mixed into vLLM's worker class (``worker_extension_cls``); called via ``collective_rpc``."""
-
-    def aspo_load_weights(
-        self,
-        weights: Iterable[tuple[str, torch.Tensor]] | None = None,
-        weights_path: str | None = None,
-        retie: bool = True,
-    ) -> dict:
-        """Load checkpoint-named tensors (an iterator, consumed once) or a safetensors folder.
-
-        The one place where CPU and GPU differ (module docstring): the GPU takes the tensors with
-        the model's ``load_weights``, as TRL and verl; the CPU with the runner's layer-wise
-        ``reload_weights``, then re-packs a tied ``lm_head``."""
-        from vllm.platforms import current_platform
-
-        t0 = time.perf_counter()
-        runner = self.model_runner  # type: ignore[attr-defined]
-        if weights is None:
-            runner.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
-            call = "reload_weights(weights_path)"
-        elif current_platform.is_cpu():
-            runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-            call = "reload_weights(weights_iterator)"
-        else:
-            runner.get_model().load_weights(weights)
-            call = "load_weights"
-        repacked = self.aspo_retie_lm_head() if retie and current_platform.is_cpu() else False
-        return {"reload_s": time.perf_counter() - t0, "repacked_lm_head": repacked, "load_call": call}
-
-    def aspo_retie_lm_head(self) -> bool:
-        """For tied word embeddings: make ``lm_head`` use the current embedding and redo its
-        post-load processing (on CPU: re-pack the GEMM weight). Returns whether it did."""
-        runner = self.model_runner  # type: ignore[attr-defined]
-        model = runner.get_model()
-        hf_config = runner.model_config.hf_config
-        text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-        if not (getattr(text_config, "tie_word_embeddings", False) or getattr(hf_config, "tie_word_embeddings", False)):
-            return False
-        lm_head = getattr(model, "lm_head", None)
-        embed = None
-        inner = getattr(model, "model", None)
-        if inner is not None:
-            embed = getattr(inner, "embed_tokens", None)
-        if embed is None and hasattr(model, "get_input_embeddings"):
-            with contextlib.suppress(Exception):
-                embed = model.get_input_embeddings()
-        if lm_head is None or embed is None or not hasattr(lm_head, "weight") or not hasattr(embed, "weight"):
-            return False
-        with torch.no_grad():
-            if lm_head.weight is not embed.weight:
-                if lm_head.weight.shape == embed.weight.shape:
-                    lm_head.weight.data.copy_(embed.weight.data)
-                else:  # pragma: no cover - unexpected layout
-                    return False
-            quant_method = getattr(lm_head, "quant_method", None)
-            if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
-                quant_method.process_weights_after_loading(lm_head)
-        return True
-
-    def aspo_reseed(self, seed: int) -> None:
-        """Reseed the worker's global RNGs (Python, NumPy, torch): the stream unseeded requests draw from."""
-        import random
-
-        import numpy as np
-
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
-
-    def aspo_weights_checksum(self) -> dict:
-        """This rank's share of the weight checksum (``aspo_lit.rollout.checksum``), read through
-        each layer's compute path: ``sharded`` (partial sums of TP-split tensors: add them over
-        the TP group) and ``replicated`` (held whole by every TP rank: count once), each with
-        its ``plain`` and ``projected`` sums."""
-        from vllm.model_executor.layers.linear import LinearBase, QKVParallelLinear, ReplicatedLinear, RowParallelLinear
-        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-
-        from aspo_lit.rollout.checksum import probe_vector
-
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        dtype = self.model_runner.model_config.dtype  # type: ignore[attr-defined]
-        sums = {part: {"plain": 0.0, "projected": 0.0} for part in ("sharded", "replicated")}
-        with torch.no_grad():
-            for module in model.modules():
-                params = dict(module.named_parameters(recurse=False))
-                replicated = isinstance(module, ReplicatedLinear)
-                if isinstance(module, (LinearBase, ParallelLMHead)):
-                    params.pop("weight", None)
-                    full_k = module.embedding_dim if isinstance(module, ParallelLMHead) else module.input_size
-                    r = probe_vector(full_k, dtype, self.device)  # type: ignore[attr-defined]
-                    if isinstance(module, RowParallelLinear) and module.tp_size > 1:
-                        k = module.input_size_per_partition
-                        r = r[module.tp_rank * k:(module.tp_rank + 1) * k]
-                    out = module.quant_method.apply(module, r[None, :], bias=None)[0].double()
-                    if isinstance(module, QKVParallelLinear) and module.num_kv_head_replicas > 1:
-                        q = module.num_heads * module.head_size  # k/v heads are copied on several ranks
-                        value = float(out[:q].sum() + out[q:].sum() / module.num_kv_head_replicas)
-                    else:
-                        value = float(out.sum())
-                    sums["replicated" if replicated else "sharded"]["projected"] += value
-                    bias = params.pop("bias", None)
-                    if bias is not None:  # split with the outputs, except a row-parallel layer's
-                        whole = replicated or isinstance(module, RowParallelLinear)
-                        sums["replicated" if whole else "sharded"]["plain"] += float(bias.sum(dtype=torch.float64))
-                elif isinstance(module, VocabParallelEmbedding):
-                    sums["sharded"]["plain"] += float(params.pop("weight").sum(dtype=torch.float64))
-                for p in params.values():
-                    sums["replicated"]["plain"] += float(p.sum(dtype=torch.float64))
-        return sums
-
-
-# ------------------------------------------------------------------------------------------------
-def _global_state() -> dict[str, Any]:
-    """The process-wide state an in-process vLLM engine changes (module docstring)."""
-    import random
-
-    import numpy as np
-
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None}
-
-
-def _set_global_state(state: dict[str, Any]) -> None:
-    import random
-
-    import numpy as np
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None:
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class VLLMEngine(RolloutEngine):
@@ -299,7 +159,7 @@ class VLLMEngine(RolloutEngine):
         gpu_memory_utilization: float = 0.5,
         tensor_parallel_size: int = 1,
         enable_sleep_mode: bool = False,
-        sleep_level: int = 2,
+        sleep_level: SleepLevel = 2,
         kv_cache_gb: float | None = None,
         dtype: str = "auto",
         max_model_len: int | None = None,
@@ -307,17 +167,15 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: bool | None = None,
         enable_prefix_caching: bool = True,
         in_process: bool = False,
-        logprobs_mode: str = "processed",
+        logprobs_mode: LogprobsMode = "processed",
         sync_dir: str | None = None,
         colocate: bool | None = None,
         per_request_seed: bool = False,
         **llm_kwargs: Any,
     ) -> None:
         super().__init__()
-        if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
-        if sleep_level not in (1, 2):
-            raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level!r}")
+        check_choice("logprobs_mode", logprobs_mode, LogprobsMode)
+        check_choice("sleep_level", sleep_level, SleepLevel)
         self.gpu_memory_utilization = gpu_memory_utilization
         self.tensor_parallel_size = tensor_parallel_size
         self.enable_sleep_mode = enable_sleep_mode
@@ -379,16 +237,16 @@ class VLLMEngine(RolloutEngine):
         if not self._shares_process:
             yield
             return
-        trainer = _global_state()
+        trainer = _rng_states()
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         precision = torch.get_float32_matmul_precision()
         if self._engine_state is not None:
-            _set_global_state(self._engine_state)
+            _set_rng_states(self._engine_state)
         try:
             yield
         finally:
-            self._engine_state = _global_state()
-            _set_global_state(trainer)
+            self._engine_state = _rng_states()
+            _set_rng_states(trainer)
             torch.set_num_threads = set_threads
             if torch.get_num_threads() != threads:
                 torch.set_num_threads(threads)
@@ -502,23 +360,15 @@ class VLLMEngine(RolloutEngine):
             skip_special_tokens=True,
         )
 
-    def generate(
-        self,
-        prompts: list[list[int]] | list[str],
-        n: int = 1,
-        sampling: SamplingConfig | None = None,
-    ) -> list[list[Completion]]:
-        self._require_attached()
-        from vllm.inputs import TokensPrompt
-
-        sampling = sampling or SamplingConfig()
-        if n < 1:
-            raise ValueError("n must be >= 1")
+    def generate(self, prompts: list[list[int]] | list[str], n: int = 1,
+                 sampling: SamplingConfig | None = None) -> list[list[Completion]]:
+        prompt_ids, sampling = self._start_generate(prompts, n, sampling)
         if self._weights_discarded:
             raise RuntimeError("VLLMEngine: a level-2 sleep discarded the weights; update_weights() before generate()")
+        from vllm.inputs import TokensPrompt
+
         if self._sleeping:
             self.wake()
-        prompt_ids = self._encode_prompts(prompts)
         seed = None if sampling.seed is None else int(sampling.seed)
         share = None
         if self._tp_group is not None:  # every TP rank generates the group's prompts, keeps its own

@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from data_modules.math import MathRLDataModule
 
 from aspo_lit.module import rows_per_minibatch
 from aspo_lit.rollout.batch import RolloutBatch
+from data_modules.math import MathRLDataModule
 
 
 def _rows(fields: dict, rows: list[int], prompt_width: int, response_width: int, pad: int) -> dict:

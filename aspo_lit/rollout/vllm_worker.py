@@ -1,0 +1,159 @@
+"""The worker extension: code that runs inside vLLM's worker, next to the model it serves.
+
+vLLM imports ``ASPOWorkerExtension`` by its qualified name (``worker_extension_cls``) in every
+worker: in a process it spawns (the multiprocess engine) or in the trainer's own process
+(colocated, in-process). ``VLLMEngine`` calls its methods through ``collective_rpc``. So that the
+import costs a spawned worker nothing, this module imports only what vLLM's worker already holds
+(torch, numpy); vLLM's own layers are imported inside the methods that read them.
+
+The one call that differs between CPU and GPU is the one that takes the tensors
+(``aspo_load_weights``): on GPU the model's ``load_weights`` (TRL's and verl's call); on CPU vLLM
+repacks every linear weight into a oneDNN handle after loading, so ``load_weights`` fails there
+("'Parameter' object has no attribute 'weight_loader'") and the model runner's
+``reload_weights(weights_iterator=...)`` (layer-wise reload, which redoes the repacking) takes
+them instead. Tied embeddings: the layer-wise reload re-processes ``embed_tokens`` only, so on CPU
+the packed ``lm_head`` is re-tied and re-packed after every reload (on GPU vLLM's ``lm_head`` *is*
+the embedding parameter).
+
+``_rng_states`` / ``_set_rng_states``: the global RNG states (Python, NumPy, torch, CUDA) that
+vLLM's worker reseeds when it starts and ``aspo_reseed`` reseeds before a seeded ``generate``; an
+engine that shares the trainer's process swaps them around every call (``aspo_lit.rollout.vllm``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["ASPOWorkerExtension"]
+
+
+class ASPOWorkerExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``); called via ``collective_rpc``."""
+
+    def aspo_load_weights(
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+        weights_path: str | None = None,
+        retie: bool = True,
+    ) -> dict:
+        """Load checkpoint-named tensors (an iterator, consumed once) or a safetensors folder.
+
+        The one place where CPU and GPU differ (module docstring): the GPU takes the tensors with
+        the model's ``load_weights``, as TRL and verl; the CPU with the runner's layer-wise
+        ``reload_weights``, then re-packs a tied ``lm_head``."""
+        from vllm.platforms import current_platform
+
+        t0 = time.perf_counter()
+        runner = self.model_runner  # type: ignore[attr-defined]
+        if weights is None:
+            runner.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+            call = "reload_weights(weights_path)"
+        elif current_platform.is_cpu():
+            runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+            call = "reload_weights(weights_iterator)"
+        else:
+            runner.get_model().load_weights(weights)
+            call = "load_weights"
+        repacked = self.aspo_retie_lm_head() if retie and current_platform.is_cpu() else False
+        return {"reload_s": time.perf_counter() - t0, "repacked_lm_head": repacked, "load_call": call}
+
+    def aspo_retie_lm_head(self) -> bool:
+        """For tied word embeddings: make ``lm_head`` use the current embedding and redo its
+        post-load processing (on CPU: re-pack the GEMM weight). Returns whether it did."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        model = runner.get_model()
+        hf_config = runner.model_config.hf_config
+        text_config = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+        if not (getattr(text_config, "tie_word_embeddings", False) or getattr(hf_config, "tie_word_embeddings", False)):
+            return False
+        lm_head = getattr(model, "lm_head", None)
+        embed = None
+        inner = getattr(model, "model", None)
+        if inner is not None:
+            embed = getattr(inner, "embed_tokens", None)
+        if embed is None and hasattr(model, "get_input_embeddings"):
+            with contextlib.suppress(Exception):
+                embed = model.get_input_embeddings()
+        if lm_head is None or embed is None or not hasattr(lm_head, "weight") or not hasattr(embed, "weight"):
+            return False
+        with torch.no_grad():
+            if lm_head.weight is not embed.weight:
+                if lm_head.weight.shape == embed.weight.shape:
+                    lm_head.weight.data.copy_(embed.weight.data)
+                else:  # pragma: no cover - unexpected layout
+                    return False
+            quant_method = getattr(lm_head, "quant_method", None)
+            if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
+                quant_method.process_weights_after_loading(lm_head)
+        return True
+
+    def aspo_reseed(self, seed: int) -> None:
+        """Reseed the worker's global RNGs (Python, NumPy, torch): the stream unseeded requests draw from."""
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def aspo_weights_checksum(self) -> dict:
+        """This rank's share of the weight checksum (``aspo_lit.rollout.checksum``), read through
+        each layer's compute path: ``sharded`` (partial sums of TP-split tensors: add them over
+        the TP group) and ``replicated`` (held whole by every TP rank: count once), each with
+        its ``plain`` and ``projected`` sums."""
+        from vllm.model_executor.layers.linear import LinearBase, QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+        from aspo_lit.rollout.checksum import probe_vector
+
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        dtype = self.model_runner.model_config.dtype  # type: ignore[attr-defined]
+        sums = {part: {"plain": 0.0, "projected": 0.0} for part in ("sharded", "replicated")}
+        with torch.no_grad():
+            for module in model.modules():
+                params = dict(module.named_parameters(recurse=False))
+                replicated = isinstance(module, ReplicatedLinear)
+                if isinstance(module, (LinearBase, ParallelLMHead)):
+                    params.pop("weight", None)
+                    full_k = module.embedding_dim if isinstance(module, ParallelLMHead) else module.input_size
+                    r = probe_vector(full_k, dtype, self.device)  # type: ignore[attr-defined]
+                    if isinstance(module, RowParallelLinear) and module.tp_size > 1:
+                        k = module.input_size_per_partition
+                        r = r[module.tp_rank * k:(module.tp_rank + 1) * k]
+                    out = module.quant_method.apply(module, r[None, :], bias=None)[0].double()
+                    if isinstance(module, QKVParallelLinear) and module.num_kv_head_replicas > 1:
+                        q = module.num_heads * module.head_size  # k/v heads are copied on several ranks
+                        value = float(out[:q].sum() + out[q:].sum() / module.num_kv_head_replicas)
+                    else:
+                        value = float(out.sum())
+                    sums["replicated" if replicated else "sharded"]["projected"] += value
+                    bias = params.pop("bias", None)
+                    if bias is not None:  # split with the outputs, except a row-parallel layer's
+                        whole = replicated or isinstance(module, RowParallelLinear)
+                        sums["replicated" if whole else "sharded"]["plain"] += float(bias.sum(dtype=torch.float64))
+                elif isinstance(module, VocabParallelEmbedding):
+                    sums["sharded"]["plain"] += float(params.pop("weight").sum(dtype=torch.float64))
+                for p in params.values():
+                    sums["replicated"]["plain"] += float(p.sum(dtype=torch.float64))
+        return sums
+
+
+
+def _rng_states() -> dict[str, Any]:
+    """The global RNG states vLLM's worker reseeds (module docstring)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if cuda else None}
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what ``_rng_states`` took."""
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None:
+        torch.cuda.set_rng_state_all(states["cuda"])
