@@ -9,21 +9,21 @@ from aspo_lit.testbed import tiny_code
 from aspo_lit.testbed.arithmetic import LEVELS, generate_problems
 from aspo_lit.testbed.multistep import generate_chain_problems
 from data_modules.code import CodeRLDataModule
-from data_modules.math import MathRLDataModule
+from data_modules.math import RLDataModule
 
 
-class ArithmeticRLDataModule(MathRLDataModule):
-    """`MathRLDataModule` over generated arithmetic problems (train / held-out splits never overlap).
+class ArithmeticRLDataModule(RLDataModule):
+    """`RLDataModule` over generated arithmetic problems (train / held-out splits never overlap).
 
     Args:
         num_train: training problems drawn from the train split.
         num_val: held-out problems for the validation loop (avg@K during training).
         levels: difficulty levels to draw from (1: a+b, 2: a+b*c, 3: (a-b)*c+d).
         data_seed: the generator's seed (independent of the sampling seed).
-        **kwargs: every `MathRLDataModule` argument (batch_size, group_size, engine, ...).
+        **kwargs: every `RLDataModule` argument (batch_size, group_size, engine, ...).
     """
 
-    def __init__(self, num_train: int = 2000, num_val: int = 64, levels: list[int] = list(LEVELS),
+    def __init__(self, num_train: int = 2000, num_val: int = 64, levels: list[int] = list(LEVELS),  # noqa: B006 - jsonargparse shows the list; never mutated
                  data_seed: int = 0, **kwargs: Any) -> None:
         kwargs.setdefault("train_files", "arithmetic")
         super().__init__(**kwargs)
@@ -40,8 +40,8 @@ class ArithmeticRLDataModule(MathRLDataModule):
         return generate_problems(hp.num_val, seed=hp.data_seed, levels=hp.levels, split="heldout")
 
 
-class ChainRLDataModule(MathRLDataModule):
-    """`MathRLDataModule` over multi-step arithmetic chains (`aspo_lit.testbed.multistep`): the
+class ChainRLDataModule(RLDataModule):
+    """`RLDataModule` over multi-step arithmetic chains (`aspo_lit.testbed.multistep`): the
     ``testbed-long`` profile's task, 5-8 operations per problem, answers worded freely.
 
     Args:
@@ -50,10 +50,10 @@ class ChainRLDataModule(MathRLDataModule):
         ops: numbers of operations per problem to draw from.
         max_value: every intermediate value stays in 0..max_value.
         data_seed: the generator's seed (independent of the sampling seed).
-        **kwargs: every `MathRLDataModule` argument (batch_size, group_size, engine, ...).
+        **kwargs: every `RLDataModule` argument (batch_size, group_size, engine, ...).
     """
 
-    def __init__(self, num_train: int = 2000, num_val: int = 64, ops: list[int] = [4, 5, 6, 7],
+    def __init__(self, num_train: int = 2000, num_val: int = 64, ops: list[int] = [4, 5, 6, 7],  # noqa: B006 - jsonargparse shows the list; never mutated
                  max_value: int = 99, data_seed: int = 0, **kwargs: Any) -> None:
         kwargs.setdefault("train_files", "chain")
         super().__init__(**kwargs)

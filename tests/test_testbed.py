@@ -56,7 +56,7 @@ def test_records_shape_levels_and_uniqueness():
     assert len({r["id"] for r in rows}) == len(rows)
     assert all(isinstance(r["answer"], str) and re.fullmatch(r"\d+", r["answer"]) for r in rows)
     assert {r["level"] for r in generate_problems(50, seed=0, levels=(2,))} == {2}
-    assert any(not r["problem"].split()[0] in {"What", "Compute", "Evaluate", "Calculate"}
+    assert any(r["problem"].split()[0] not in {"What", "Compute", "Evaluate", "Calculate"}
                for r in rows), "no word-problem phrasing"
     with pytest.raises(ValueError):
         generate_problems(5, seed=0, levels=(4,))
@@ -116,6 +116,70 @@ def test_config_validation_and_hash(monkeypatch, tmp_path):
     assert testbed_dir(TestbedConfig()).parent == tmp_path
     monkeypatch.delenv("ASPO_LIT_CACHE")
     assert default_cache_dir() == REPO / ".cache" / "aspo_lit"
+
+
+
+def test_code_testbed_lives_in_the_cache_root(monkeypatch, tmp_path):
+    """The code testbed follows the math testbeds' cache root: `$ASPO_LIT_CACHE`, else the
+    checkout's `.cache/aspo_lit`; `build_code_testbed()` and `build-testbed --profile testbed-code`
+    read it at call time."""
+    from aspo_lit.testbed import cli
+    from aspo_lit.testbed import code as C
+
+    built = []
+
+    def publish(final, build_into, keep_concurrent):  # the folder the build would fill
+        built.append(final)
+        final.mkdir(parents=True)
+        (final / "testbed.json").write_text("{}")
+        return final
+
+    monkeypatch.setattr(C, "publish", publish)
+    monkeypatch.setenv("ASPO_LIT_CACHE", str(tmp_path / "env"))
+    assert C.code_testbed_dir() == tmp_path / "env" / "testbed-code"
+    assert C.build_code_testbed(verbose=False) == tmp_path / "env" / "testbed-code"
+    assert cli.build("testbed-code", cache_dir=str(tmp_path / "arg"), quiet=True) == 0
+    assert built == [tmp_path / "env" / "testbed-code", tmp_path / "arg" / "testbed-code"]
+    monkeypatch.delenv("ASPO_LIT_CACHE")
+    assert C.code_testbed_dir() == REPO / ".cache" / "aspo_lit" / "testbed-code"
+
+
+# A code testbed small enough to build in seconds (max_position_embeddings: LiveCodeBench's template).
+TINY_CODE = dict(
+    num_train_problems=200, tokenizer_train_problems=100, vocab_size=400, hidden_size=64, intermediate_size=128,
+    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
+    sft_max_steps=4, sft_batch_size=4, sft_warmup_steps=1, eval_every=2, eval_min_step=2,
+    dev_problems=4, heldout_problems=4, max_response_tokens=16, stop_accuracy=1.01,
+)
+
+
+def test_tiny_code_build_is_deterministic(tmp_path):
+    """The code testbed is built by the math testbeds' recipe (`warm_start_into`): the same config
+    gives the same bytes in another folder, and its summary describes the saved policy."""
+    from safetensors.torch import load_file
+
+    from aspo_lit.testbed.code import CodeTestbedConfig, build_code_testbed, config_hash
+
+    config = CodeTestbedConfig(**TINY_CODE)
+    first = build_code_testbed(config, out=tmp_path / "a", verbose=False)
+    again = build_code_testbed(config, out=tmp_path / "b", verbose=False)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (again / name).read_bytes() == (first / name).read_bytes(), name
+    meta = json.loads((first / "testbed.json").read_text())
+    assert meta["config_hash"] == config_hash(config) and meta["sft_steps"] == config.sft_max_steps
+    assert meta["num_parameters"] == sum(t.numel() for t in load_file(first / "model.safetensors").values())
+    assert meta["vocab_size"] == len(json.loads((first / "tokenizer.json").read_text())["model"]["vocab"])
+    assert meta["heldout"]["n"] == config.heldout_problems
+    assert 0 < meta["longest_example_tokens"] <= config.max_position_embeddings
+
+
+def test_code_build_refuses_examples_longer_than_the_model(tmp_path):
+    from aspo_lit.testbed.code import CodeTestbedConfig, build_code_testbed
+
+    config = CodeTestbedConfig(**{**TINY_CODE, "max_position_embeddings": 64})
+    with pytest.raises(ValueError, match=r"SFT example of \d+ tokens exceeds max_position_embeddings=64"):
+        build_code_testbed(config, out=tmp_path / "a", verbose=False)
+    assert not (tmp_path / "a").exists()
 
 
 def test_grading():

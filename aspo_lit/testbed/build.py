@@ -41,7 +41,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from aspo_lit.prompts import INSTRUCTION, encode_prompt, instruct
 from aspo_lit.rewards.math import extract_answer
@@ -244,6 +244,19 @@ def _encode_prompts(tokenizer, problems: Sequence[str]) -> list[list[int]]:
     return [encode_prompt(p, tokenizer, "chat", enable_thinking=None) for p in problems]
 
 
+def left_padded(prompts: Sequence[Sequence[int]], pad_id: int):
+    """``(ids, attention_mask)`` of prompts padded on the left, so that generation continues every
+    prompt at the same position."""
+    import torch
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
 # ----------------------------------------------------------------------------- model
 
 def model_config(config: TestbedConfig, tokenizer):
@@ -321,13 +334,8 @@ def _sample_accuracy(model, tokenizer, problems: Sequence[dict], *, temperature:
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start:start + batch_size]
-            width = max(map(len, chunk))
-            ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for i, p in enumerate(chunk):  # left padding
-                ids[i, width - len(p):] = torch.tensor(p)
-                mask[i, width - len(p):] = 1
+            ids, mask = left_padded(prompts[start:start + batch_size], tokenizer.pad_token_id)
+            width = ids.shape[1]
             gen = model.generate(
                 input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
                 top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
@@ -448,10 +456,6 @@ def _sft(model, tokenizer, config: TestbedConfig, train_rows, dev_rows, log) -> 
     pad = tokenizer.pad_token_id
     examples = _encode_examples(tokenizer, train_rows)
     dev = _encode_examples(tokenizer, dev_rows)
-    too_long = max(len(p) + len(r) for p, r in examples + dev)
-    if too_long > config.max_position_embeddings:
-        raise ValueError(f"example of {too_long} tokens exceeds max_position_embeddings")
-
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW(
@@ -474,8 +478,13 @@ def sft_loop(model, opt, examples, dev, pad, config, log, name: str, evaluate=No
     every ``config.eval_every`` steps that stops at ``config.stop_accuracy``: ``evaluate(model)``
     when given (e.g. sampled accuracy), else the expected sampled accuracy of the ``dev`` examples
     (the probability of reproducing each worked solution). Returns the history (losses,
-    evaluations, steps, seconds)."""
+    evaluations, steps, seconds, the longest example's tokens)."""
     import torch
+
+    longest = max(len(p) + len(r) for p, r in examples + dev)
+    if longest > config.max_position_embeddings:
+        raise ValueError(f"[{name}] an SFT example of {longest} tokens exceeds max_position_embeddings="
+                         f"{config.max_position_embeddings}")
 
     def lr_at(step: int) -> float:  # linear warm-up, cosine to 10% at sft_max_steps
         if step < config.sft_warmup_steps:
@@ -523,34 +532,63 @@ def sft_loop(model, opt, examples, dev, pad, config, log, name: str, evaluate=No
                 break
     history["steps"] = step
     history["sft_seconds"] = round(time.perf_counter() - t0, 1)
+    history["longest_example"] = longest
     return history
+
+
+class WarmStart(NamedTuple):
+    """What :func:`warm_start_into` built: the policy's size, its SFT history, its held-out report."""
+
+    num_parameters: int
+    vocab_size: int
+    history: dict        # sft_loop's
+    heldout: dict        # evaluate's, on the final held-out rows
+
+
+def warm_start_into(out: Path, config: TestbedConfig, train_rows, heldout_rows, *, prompt_text, sft, evaluate,
+                    log, name: str) -> WarmStart:
+    """The recipe every testbed is built by (steps 1-3 of the module docstring), saved into ``out``.
+
+    A tokenizer trained on ``prompt_text(row)`` and the solutions of the first
+    ``config.tokenizer_train_problems`` training rows; a fresh model seeded by ``config.seed``;
+    ``sft(model, tokenizer, config, train_rows, dev_rows, log)``, whose early stop reads the held-out
+    rows after the first ``config.heldout_problems``; ``evaluate(model, tokenizer, rows, config)``
+    on those first ones. The order of these steps is part of the artefact: the same config gives
+    the same bytes.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    final_rows, dev_rows = heldout_rows[:config.heldout_problems], heldout_rows[config.heldout_problems:]
+    corpus_rows = train_rows[:config.tokenizer_train_problems]
+    tokenizer = train_tokenizer(config, [prompt_text(r) for r in corpus_rows] + [r["solution"] for r in corpus_rows])
+    with deterministic(config.seed, config.num_threads):
+        model = AutoModelForCausalLM.from_config(model_config(config, tokenizer), dtype=torch.float32)
+        model.generation_config = generation_config_for(tokenizer, config)
+        n_params = sum(p.numel() for p in model.parameters())
+        log(f"[{name}] {config.model_type} {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, "
+            f"{len(train_rows)} train problems; SFT up to {config.sft_max_steps} steps")
+        history = sft(model, tokenizer, config, train_rows, dev_rows, log)
+        heldout = evaluate(model, tokenizer, final_rows, config)
+    save_policy(out, model, tokenizer)
+    return WarmStart(n_params, len(tokenizer), history, heldout)
+
+
+def _final_accuracy(model, tokenizer, rows, config: TestbedConfig) -> dict:
+    return _sample_accuracy(model, tokenizer, rows, temperature=config.temperature,
+                            max_new_tokens=config.max_response_tokens, seed=config.seed)
 
 
 def _build_into(out: Path, config: TestbedConfig, log) -> dict:
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM
 
     t0 = time.perf_counter()
-    train_rows = config.problems(config.num_train_problems, "train")
-    heldout = config.problems(config.heldout_problems + config.dev_problems, "heldout")
-    final_rows, dev_rows = heldout[:config.heldout_problems], heldout[config.heldout_problems:]
-
-    corpus_rows = train_rows[:config.tokenizer_train_problems]
-    corpus = [instruct(r["problem"]) for r in corpus_rows] + [r["solution"] for r in corpus_rows]
-    tokenizer = train_tokenizer(config, corpus)
-
-    with deterministic(config.seed, config.num_threads):
-        model = AutoModelForCausalLM.from_config(model_config(config, tokenizer), dtype=torch.float32)
-        model.generation_config = generation_config_for(tokenizer, config)
-        n_params = sum(p.numel() for p in model.parameters())
-        log(f"[testbed] {config.model_type} {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, "
-            f"{len(train_rows)} train problems; SFT up to {config.sft_max_steps} steps")
-        history = _sft(model, tokenizer, config, train_rows, dev_rows, log)
-        final = _sample_accuracy(model, tokenizer, final_rows, temperature=config.temperature,
-                                 max_new_tokens=config.max_response_tokens, seed=config.seed)
-
-    save_policy(out, model, tokenizer)
+    built = warm_start_into(
+        out, config, config.problems(config.num_train_problems, "train"),
+        config.problems(config.heldout_problems + config.dev_problems, "heldout"),
+        prompt_text=lambda row: instruct(row["problem"]), sft=_sft, evaluate=_final_accuracy, log=log, name="testbed")
+    history, final = built.history, built.heldout
     build_seconds = time.perf_counter() - t0
     summary = {
         "name": f"aspo-lit {config.task} testbed",
@@ -561,8 +599,8 @@ def _build_into(out: Path, config: TestbedConfig, log) -> dict:
         "build_seconds": round(build_seconds, 1),
         "torch_threads": config.num_threads,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "num_parameters": n_params,
-        "vocab_size": len(tokenizer),
+        "num_parameters": built.num_parameters,
+        "vocab_size": built.vocab_size,
         "tie_word_embeddings": config.tie_word_embeddings,
         "instruction": " " + INSTRUCTION,
         "sft_steps": history["steps"],

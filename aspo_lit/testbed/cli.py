@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 
 from aspo_lit.testbed.build import PROFILES, build_testbed
-from aspo_lit.testbed.code import DEFAULT_DIR, CodeTestbedConfig, build_code_testbed
+from aspo_lit.testbed.code import CodeTestbedConfig, build_code_testbed, code_testbed_dir
 
 CODE_PROFILE = "testbed-code"
 
@@ -28,7 +27,7 @@ def build(profile: str = "testbed", overrides: dict[str, Any] | None = None, see
     """
     changes = {**(overrides or {}), **({} if seed is None else {"seed": seed})}
     if profile == CODE_PROFILE:
-        out = Path(cache_dir) / CODE_PROFILE if cache_dir else DEFAULT_DIR
+        out = code_testbed_dir(cache_dir or None)
         path = build_code_testbed(dataclasses.replace(CodeTestbedConfig(), **changes), out=out, force=force,
                                   verbose=not quiet)
     elif profile in PROFILES:

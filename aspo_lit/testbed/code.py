@@ -8,25 +8,37 @@ responses are fenced one-line Python functions. The result is an RL starting poi
 path (rollout → sandboxed execution reward → update) that runs in minutes on a CPU: groups hold
 both passing and failing programs.
 
-    python -m aspo_lit.testbed.code [--force] [--out .cache/aspo_lit/testbed-code]
+    python -m aspo_lit build-testbed --profile testbed-code [--force true] [--cache_dir DIR]
 
-The folder (default ``<repo>/.cache/aspo_lit/testbed-code``, what ``conf/tiny/code_*.yaml``
-name) holds ``testbed.json`` with the config hash; a changed config rebuilds it.
+The folder ``<cache root>/testbed-code`` (the cache root of ``aspo_lit.testbed.build``:
+``$ASPO_LIT_CACHE``, else ``<repo>/.cache/aspo_lit``, the folder ``conf/tiny/code_*.yaml`` name)
+holds ``testbed.json`` with the config hash; a changed config rebuilds it.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aspo_lit.testbed.build import TestbedConfig, publish
+from aspo_lit.testbed.build import TestbedConfig, default_cache_dir, left_padded, publish, sft_loop, warm_start_into
 
 BUILDER_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DIR = REPO_ROOT / ".cache" / "aspo_lit" / "testbed-code"
+FOLDER = "testbed-code"
+
+
+def code_testbed_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``<cache_dir>/testbed-code``; ``cache_dir`` defaults to ``default_cache_dir()`` (``$ASPO_LIT_CACHE``,
+    else ``<repo>/.cache/aspo_lit``), read at every call like the math testbed's."""
+    return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / FOLDER
+
+
+#: The folder when this module was imported (``build_code_testbed`` resolves it again per call).
+DEFAULT_DIR = code_testbed_dir()
 
 
 @dataclass
@@ -78,13 +90,8 @@ def _sampled_match_rate(model, tokenizer, rows, config) -> dict:
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(config.seed)
         for start in range(0, len(prompts), 64):
-            chunk = prompts[start:start + 64]
-            width = max(map(len, chunk))
-            ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for i, p in enumerate(chunk):
-                ids[i, width - len(p):] = torch.tensor(p)
-                mask[i, width - len(p):] = 1
+            ids, mask = left_padded(prompts[start:start + 64], tokenizer.pad_token_id)
+            width = ids.shape[1]
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True,
                                  temperature=config.temperature, top_k=0, top_p=1.0,
                                  max_new_tokens=config.max_response_tokens,
@@ -102,50 +109,27 @@ def _sft(model, tokenizer, config, train_rows, dev_rows, log) -> dict:
     expected sampled accuracy on held-out problems reaches ``config.stop_accuracy``."""
     import torch
 
-    from aspo_lit.testbed.build import sft_loop
-
-    pad = tokenizer.pad_token_id
     examples, dev = _examples(tokenizer, train_rows), _examples(tokenizer, dev_rows)
-    longest = max(len(p) + len(r) for p, r in examples + dev)
-    if longest > config.max_position_embeddings:
-        raise ValueError(f"example of {longest} tokens exceeds max_position_embeddings")
     opt = torch.optim.AdamW(model.parameters(), lr=config.sft_lr, betas=(0.9, 0.95),
                             weight_decay=config.sft_weight_decay)
-
-    history = sft_loop(model, opt, examples, dev, pad, config, log, name="code testbed")
-    history["longest_example"] = longest
-    return history
+    return sft_loop(model, opt, examples, dev, tokenizer.pad_token_id, config, log, name="code testbed")
 
 
 def _build_into(out: Path, config: CodeTestbedConfig, log) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from aspo_lit.prompts import build_code_prompt
-    from aspo_lit.testbed.build import deterministic, generation_config_for, model_config, save_policy, train_tokenizer
     from aspo_lit.testbed.tiny_code import generate_problems
 
     t0 = time.perf_counter()
-    train = generate_problems(config.num_train_problems, config.seed, "train")
-    heldout = generate_problems(config.heldout_problems + config.dev_problems, config.seed + 1, "heldout")
-    final_rows, dev_rows = heldout[:config.heldout_problems], heldout[config.heldout_problems:]
-    corpus_rows = train[:config.tokenizer_train_problems]
-    corpus = [build_code_prompt(r["problem"], r["starter_code"], None, "plain") for r in corpus_rows]
-    corpus += [r["solution"] for r in corpus_rows]
-    tokenizer = train_tokenizer(config, corpus)
-    with deterministic(config.seed, config.num_threads):
-        model = AutoModelForCausalLM.from_config(model_config(config, tokenizer), dtype=torch.float32)
-        model.generation_config = generation_config_for(tokenizer, config)
-        n_params = sum(p.numel() for p in model.parameters())
-        log(f"[code testbed] {n_params / 1e6:.2f}M params, vocab {len(tokenizer)}, {len(train)} train "
-            f"problems; SFT up to {config.sft_max_steps} steps")
-        history = _sft(model, tokenizer, config, train, dev_rows, log)
-        final = _sampled_match_rate(model, tokenizer, final_rows, config)
-    save_policy(out, model, tokenizer)
+    built = warm_start_into(
+        out, config, generate_problems(config.num_train_problems, config.seed, "train"),
+        generate_problems(config.heldout_problems + config.dev_problems, config.seed + 1, "heldout"),
+        prompt_text=lambda row: build_code_prompt(row["problem"], row["starter_code"], None, "plain"),
+        sft=_sft, evaluate=_sampled_match_rate, log=log, name="code testbed")
+    history, final = built.history, built.heldout
     summary = {"name": "aspo-lit tiny code testbed", "config": config.to_dict(),
                "config_hash": config_hash(config), "builder_version": BUILDER_VERSION,
-               "build_seconds": round(time.perf_counter() - t0, 1), "num_parameters": n_params,
-               "vocab_size": len(tokenizer), "sft_steps": history["steps"],
+               "build_seconds": round(time.perf_counter() - t0, 1), "num_parameters": built.num_parameters,
+               "vocab_size": built.vocab_size, "sft_steps": history["steps"],
                "sft_seconds": history["sft_seconds"], "longest_example_tokens": history["longest_example"],
                "sft_evals": history["evals"][-5:], "heldout": final}
     (out / "testbed.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -159,7 +143,7 @@ def build_code_testbed(config: CodeTestbedConfig | None = None, out: str | Path 
     """The code testbed's folder, built (in a temporary folder, renamed into place) when missing
     or built from another config."""
     config = config or CodeTestbedConfig()
-    final = Path(out) if out is not None else DEFAULT_DIR
+    final = Path(out) if out is not None else code_testbed_dir()
     meta = final / "testbed.json"
     if meta.is_file() and not force and json.loads(meta.read_text()).get("config_hash") == config_hash(config):
         return final
