@@ -24,25 +24,23 @@ keeps the base's value. (jsonargparse itself ignores a nested `config:` key.)
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import argparse
 import sys
 import warnings
+from pathlib import Path
+from typing import Any
 
 import yaml
-
 from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
 from aspo_lit.callbacks import GracefulInterrupt, TrainingStats
-from aspo_lit.module import ASPOModule
+from aspo_lit.module import ASPOModule, rows_per_minibatch
+from aspo_lit.settings import check_positive_int
 from aspo_lit.step import updates_per_rollout
-from data_modules.math import MathRLDataModule
-
+from data_modules.math import RLDataModule, check_group_size, prompts_per_rank
 
 # Expected here, not actionable: the checkpoint is meant to hold the state after a completed step
 # (manual optimisation), and the frozen reference policy is in eval mode on purpose.
@@ -55,31 +53,37 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key."""
 
 
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and value > 0
+
+
 def check_config(cfg: Any) -> None:
-    """Cross-key checks that single classes cannot do, run before anything is instantiated."""
+    """The checks across objects (model, data, trainer) that no single class can do, run before anything
+    is instantiated. The values they combine are first checked by their classes' own checks (the same
+    functions), so that a bad one is reported by its key, not as a failed split."""
     model, data = cfg.get("model", {}), cfg.get("data", {})
     data_args = data.get("init_args", data) if hasattr(data, "get") else {}
-    batch = data_args.get("batch_size")
-    mini = model.get("mini_batch_size")
-    group = data_args.get("group_size")
-    if group is not None and group < 2:
-        raise ConfigError(f"data.group_size must be >= 2 for group-relative advantages, got {group}")
-    if batch is not None and batch < 1:
-        raise ConfigError(f"data.batch_size must be a positive integer, got {batch}")
-    if mini is not None and mini < 1:
-        raise ConfigError(f"model.mini_batch_size must be a positive integer, got {mini}")
-    if batch and mini and batch % mini:
+    batch, mini, group = data_args.get("batch_size"), model.get("mini_batch_size"), data_args.get("group_size")
+    if _positive_int(batch) and _positive_int(mini) and batch % mini:
         raise ConfigError(f"model.mini_batch_size={mini} must divide data.batch_size={batch} (both count prompts)")
     trainer = cfg.get("trainer", {})
     devices = trainer.get("devices")
     if isinstance(devices, str) and devices.isdigit():
         devices = int(devices)
     world = (devices if isinstance(devices, int) and devices > 0 else 1) * int(trainer.get("num_nodes") or 1)
-    if batch and world > 1 and batch % world:
-        raise ConfigError(f"data.batch_size={batch} prompts must be divisible by the number of processes ({world})")
-    if mini and group and world > 1 and (mini * group) % world:
-        raise ConfigError(f"model.mini_batch_size={mini} prompts x data.group_size={group} responses must be "
-                          f"divisible by the number of processes ({world})")
+    try:  # the values' own checks first, so that the error names the key; then the splits over processes
+        if batch is not None:
+            check_positive_int("data.batch_size", batch)
+        if mini is not None:
+            check_positive_int("model.mini_batch_size", mini)
+        if group is not None:
+            check_group_size(group)
+        if _positive_int(batch):
+            prompts_per_rank(batch, world)
+        if _positive_int(mini) and _positive_int(group):
+            rows_per_minibatch(mini, group, world)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     precision = str(trainer.get("precision") or "")
     dtype = str(model.get("torch_dtype") or "float32")
     lr = model.get("lr")
@@ -199,7 +203,7 @@ class ASPOCLI(LightningCLI):
             args = expand_base_configs(list(args))
         super().__init__(
             ASPOModule,
-            MathRLDataModule,
+            RLDataModule,
             subclass_mode_data=True,
             args=args,
             parser_kwargs=parser_kwargs,

@@ -13,26 +13,38 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
 
-from aspo_lit.forward import (PromptStates, distinct_prompts, encode_prompts, prompt_backward_term,
-                              prompt_sharing_applies, response_logprobs, responses_from_prompts)
-from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
-from aspo_lit.losses import PolicyLoss, aggregate, agg_normalizer, effective_token_weight, get_policy_loss, kl_penalty
+from aspo_lit.forward import (
+    PromptStates,
+    distinct_prompts,
+    encode_prompts,
+    prompt_backward_term,
+    prompt_sharing_applies,
+    response_logprobs,
+    responses_from_prompts,
+)
+from aspo_lit.losses import PolicyLoss, agg_normalizer, aggregate, effective_token_weight, get_policy_loss, kl_penalty
 from aspo_lit.metrics import AvgAtK, PassAtK
+from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
 from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_and_broadcast, shard_decoder_layers
 from aspo_lit.rollout.batch import RolloutBatch
 from aspo_lit.sampler_mismatch import mismatch_stats, truncated_is_weights
 from aspo_lit.seeding import derived_seed, run_seed
+from aspo_lit.settings import check_choice, check_positive_int, choices
 from aspo_lit.stats import Stat, StatAccumulator
 from aspo_lit.step import StepOutput
 
-
-OLD_LOGPROBS = ("recompute", "sampler")
+# The settings with a fixed set of values (LightningCLI rejects any other, naming the key; `_validate_hparams`
+# does for a module built in Python). kl_kind keeps verl's names next to Schulman's (`aspo_lit.losses.KL_KINDS`).
+OldLogprobs = Literal["recompute", "sampler"]
+KLKind = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse"]
+TorchDType = Literal["float32", "bfloat16", "float16", "auto"]
+OLD_LOGPROBS = choices(OldLogprobs)
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -65,6 +77,21 @@ def rows_per_minibatch(mini_batch_size: int, group_size: int, world_size: int) -
     return rows // world_size
 
 
+@dataclass(frozen=True)
+class PolicyHandle:
+    """What a rollout DataModule needs of the LightningModule it samples for (`ASPOModule.policy_handle`).
+
+    The rollouts are the policy's own (docs/design.md): its prompts are encoded with the policy's
+    ``tokenizer``, the engine starts from ``model_path`` and is pushed ``policy``'s weights after every
+    optimizer step, and each rollout batch goes to ``device`` for the update.
+    """
+
+    tokenizer: Any
+    policy: torch.nn.Module
+    model_path: str
+    device: torch.device
+
+
 class ASPOModule(LightningModule):
     """The RL learner of GRPO-style on-policy RL (paper eq. 1) with a swappable policy loss.
 
@@ -78,7 +105,7 @@ class ASPOModule(LightningModule):
             ``dual_clip``, ``loss_agg``, ``eps_high_entropy``, ...). An error with a ``class_path``
             loss, whose hyper-parameters are its ``init_args``.
         kl_coef: beta of the KL-to-reference term (0 disables it and the reference model).
-        kl_kind: ``k1``, ``k2`` or ``k3`` (``low_var_kl``, the paper's).
+        kl_kind: ``k1`` (``kl``), ``k2`` (``mse``) or ``k3`` (``low_var_kl``, the paper's).
         lr, betas, weight_decay: AdamW.
         warmup_steps: linear LR warm-up, counted in rollout batches (the scheduler steps once per
             rollout batch, as verl and the authors' Archer2.0 code), then constant.
@@ -145,7 +172,7 @@ class ASPOModule(LightningModule):
         loss: str | PolicyLoss = "aspo",
         loss_kwargs: dict[str, Any] | None = None,
         kl_coef: float = 0.001,
-        kl_kind: str = "k3",
+        kl_kind: KLKind = "k3",
         lr: float = 1e-6,
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.1,
@@ -158,11 +185,11 @@ class ASPOModule(LightningModule):
         temperature: float = 1.0,
         logprob_chunk_size: int = 1024,
         gradient_checkpointing: bool = False,
-        torch_dtype: str = "float32",
+        torch_dtype: TorchDType = "float32",
         max_nonfinite_steps: int = 3,
         shuffle_mini_batches: bool = False,
         rollout_is_cap: float | None = None,
-        old_logprobs: str = "recompute",
+        old_logprobs: OldLogprobs = "recompute",
         share_prompt: bool = False,
         seed: int | None = None,
     ) -> None:
@@ -242,6 +269,15 @@ class ASPOModule(LightningModule):
                 f"model.share_prompt does not apply to {type(self.policy).__name__} (model_type "
                 f"{getattr(self.policy.config, 'model_type', None)!r}): it needs a fused model family "
                 "(aspo_lit.forward.FUSED_MODEL_TYPES) with plain DynamicLayer caches; set model.share_prompt: false")
+
+    def policy_handle(self) -> PolicyHandle:
+        """The policy, its tokenizer, checkpoint and device, for the DataModule that samples with them
+        (`data_modules.math.RLDataModule.policy_handle` takes it once a run). Available once
+        `configure_model` has built the policy, which Lightning calls after every ``setup`` hook."""
+        if self.policy is None:
+            raise RuntimeError("ASPOModule.policy_handle(): configure_model has not built the policy yet")
+        return PolicyHandle(tokenizer=self.tokenizer, policy=self.policy, model_path=self.hparams.model_name_or_path,
+                            device=self.device)
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(
@@ -674,17 +710,16 @@ def _metric_name(key: str, prefix: str) -> str:
 
 
 def _validate_hparams(args: dict[str, Any]) -> None:
-    """Fail before any model loads, naming the key."""
-    positive_ints = ("ppo_epochs", "mini_batch_size", "micro_batch_size", "logprob_chunk_size")
-    for key in positive_ints:
-        if not isinstance(args[key], int) or args[key] < 1:
-            raise ValueError(f"model.{key} must be a positive integer, got {args[key]!r}")
-    budget = args["max_tokens_per_micro_batch"]
+    """Fail before any model loads, naming the key. The settings of one key only: those across the
+    module and the DataModule are `aspo_lit.cli.check_config`'s."""
+    for key in ("ppo_epochs", "mini_batch_size", "micro_batch_size", "logprob_chunk_size"):
+        check_positive_int(f"model.{key}", args[key])
+    check_positive_int("model.max_tokens_per_micro_batch", args["max_tokens_per_micro_batch"], or_null=True)
+    for key, hint in (("old_logprobs", OldLogprobs), ("kl_kind", KLKind), ("torch_dtype", TorchDType)):
+        check_choice(f"model.{key}", args[key], hint)
     cap = args["rollout_is_cap"]
     if cap is not None and not cap > 0:
         raise ValueError(f"model.rollout_is_cap must be > 0 or null, got {cap!r}")
-    if args["old_logprobs"] not in OLD_LOGPROBS:
-        raise ValueError(f"model.old_logprobs must be one of {', '.join(OLD_LOGPROBS)}, got {args['old_logprobs']!r}")
     if args["old_logprobs"] == "sampler" and cap is not None:
         raise ValueError("model.rollout_is_cap weighs each token by min(π_old / π_sampler, cap), which is 1 when "
                          "model.old_logprobs=sampler takes π_old from the sampler: set rollout_is_cap: null, or "
@@ -692,15 +727,9 @@ def _validate_hparams(args: dict[str, Any]) -> None:
     if args["share_prompt"] and args["gradient_checkpointing"]:
         raise ValueError("model.share_prompt needs the KV cache of the prompt pass, which transformers drops under "
                          "gradient checkpointing: set model.gradient_checkpointing: false, or model.share_prompt: false")
-    if budget is not None and (not isinstance(budget, int) or budget < 1):
-        raise ValueError(f"model.max_tokens_per_micro_batch must be a positive integer or null, got {budget!r}")
     for key in ("lr", "max_grad_norm", "temperature"):
         if not args[key] > 0:
             raise ValueError(f"model.{key} must be > 0, got {args[key]!r}")
     for key in ("kl_coef", "weight_decay", "warmup_steps"):
         if args[key] < 0:
             raise ValueError(f"model.{key} must be >= 0, got {args[key]!r}")
-    if args["kl_kind"] not in ("k1", "k2", "k3", "low_var_kl", "kl", "mse"):
-        raise ValueError(f"model.kl_kind must be one of k1, k2, k3 (low_var_kl), got {args['kl_kind']!r}")
-    if args["torch_dtype"] not in ("float32", "bfloat16", "float16", "auto"):
-        raise ValueError(f"model.torch_dtype must be float32, bfloat16, float16 or auto, got {args['torch_dtype']!r}")

@@ -15,12 +15,15 @@ lr 1e-6 to rounding: a bf16 weight of magnitude 0.02 changes only by steps of 2^
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from aspo_lit.settings import check_choice
+
+ComputeDType = Literal["float32", "bfloat16", "float16"]
+_DTYPES = {name: getattr(torch, name) for name in get_args(ComputeDType)}
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -34,11 +37,10 @@ class FSDP2Strategy(ModelParallelStrategy):
             ``process_group_backend``, ``timeout``).
     """
 
-    def __init__(self, param_dtype: str | None = "bfloat16", reduce_dtype: str | None = "float32",
+    def __init__(self, param_dtype: ComputeDType | None = "bfloat16", reduce_dtype: ComputeDType | None = "float32",
                  **kwargs: Any) -> None:
         for name, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
-            if value is not None and value not in _DTYPES:
-                raise ValueError(f"trainer.strategy.{name} must be one of {', '.join(_DTYPES)} or null, got {value!r}")
+            check_choice(f"trainer.strategy.{name}", value, ComputeDType | None)
         for key in ("data_parallel_size", "tensor_parallel_size"):
             if kwargs.pop(key, "auto") not in ("auto", None):
                 raise ValueError(f"trainer.strategy.{key} is not a setting of FSDP2Strategy: it shards over every process")

@@ -31,18 +31,19 @@ import os
 import pickle
 import re
 import zlib
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from aspo_lit.prompts import encode_code_prompt
 from aspo_lit.rewards.code import code_gold
+from aspo_lit.settings import check_choice
 from data_modules.code_layouts import LAYOUTS, layout_row
 from data_modules.fields import MISSING, mapped, problem_text
-from data_modules.math import MathRLDataModule
+from data_modules.math import RLDataModule
 from data_modules.mixture import Source
 from data_modules.sources import BadRowError, RowReport, collect_rows
 
-
 DEFAULT_TRAIN = "agentica-org/DeepCoder-Preview-Dataset:lcbv5"  # the paper's code RL data (its LiveCodeBench part)
+Sandbox = Literal["bwrap", "rlimit"]
 _DEF = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 
 
@@ -167,8 +168,8 @@ def load_code_rows(source: str, split: str = "train", on_bad_row: str = "error",
     return rows, report
 
 
-class CodeRLDataModule(MathRLDataModule):
-    """`MathRLDataModule` for code: LiveCodeBench-style prompts, sandboxed execution reward.
+class CodeRLDataModule(RLDataModule):
+    """`RLDataModule` for code: LiveCodeBench-style prompts, sandboxed execution reward.
 
     Args:
         train_files, val_files: a list of `data_modules.mixture.Source` (each with its layout,
@@ -187,18 +188,17 @@ class CodeRLDataModule(MathRLDataModule):
         enable_thinking: passed to the chat template (Qwen3 reads it; the paper uses
             non-thinking mode for Qwen3).
         hub_split: the split loaded from an HF hub id.
-        **kwargs: every `MathRLDataModule` argument (batch_size, group_size, engine, ...); a
+        **kwargs: every `RLDataModule` argument (batch_size, group_size, engine, ...); a
             ``reward`` object replaces the default ``CodeReward``.
     """
 
     def __init__(self, train_files: str | list[Source] = DEFAULT_TRAIN, val_files: str | list[Source] | None = None,
-                 sandbox: str = "bwrap", reward_timeout_s: float = 6.0, reward_memory_mb: int = 2048,
+                 sandbox: Sandbox = "bwrap", reward_timeout_s: float = 6.0, reward_memory_mb: int = 2048,
                  reward_workers: int | None = None, reward_max_tests: int | None = None,
                  reward_batch_timeout_s: float | None = None,
                  system_prompt: str | None = None, enable_thinking: bool | None = False,
                  hub_split: str = "train", **kwargs: Any) -> None:
-        if sandbox not in ("bwrap", "rlimit"):
-            raise ValueError(f"data.sandbox must be 'bwrap' or 'rlimit', got {sandbox!r}")
+        check_choice("data.sandbox", sandbox, Sandbox)
         if reward_timeout_s <= 0:
             raise ValueError(f"data.reward_timeout_s must be > 0, got {reward_timeout_s!r}")
         from aspo_lit.rewards import MathReward
@@ -253,7 +253,7 @@ class CodeRLDataModule(MathRLDataModule):
     def encode_row(self, row: dict[str, Any]) -> list[int]:
         """The LiveCodeBench prompt (with the starter code of a functional problem), tokenized."""
         hp = self.hparams
-        return encode_code_prompt(row["problem"], row.get("starter_code"), self.trainer.lightning_module.tokenizer,
+        return encode_code_prompt(row["problem"], row.get("starter_code"), self.policy_handle.tokenizer,
                                   hp.prompt_template, hp.enable_thinking, hp.system_prompt)
 
     # --- reward ---------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""MathRLDataModule: prompt batches in, graded group rollouts out.
+"""RLDataModule: prompt batches in, graded group rollouts out (math; the base of the testbed and code ones).
 
 The dataloader yields plain prompt records (cheap; nothing generated in a worker). Rollouts are
 produced in `on_after_batch_transfer`, which Lightning calls for the batch about to be trained on,
 after the previous optimizer step: the engine always samples with the policy's current weights
 (generating inside the dataloader would be one step stale, since Lightning prefetches a batch).
+
+What it needs of the LightningModule (its tokenizer, the policy to sample with, the device) it takes
+once a run as one `aspo_lit.module.PolicyHandle` (`RLDataModule.policy_handle`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -21,16 +24,41 @@ from aspo_lit.prompts import encode_prompt
 from aspo_lit.rewards.math import RewardFn
 from aspo_lit.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_engine, pack_rollouts
 from aspo_lit.seeding import derived_seed, run_seed
+from aspo_lit.settings import check_choice, check_positive_int
 from aspo_lit.stats import Stat
 from data_modules.fields import math_row
 from data_modules.mixture import Source, load_mixture, mixture_stats
-from data_modules.sources import BadRowError, PromptBatches, normalize_golds
+from data_modules.sources import BadRowError, OnBadRow, PromptBatches, normalize_golds
+
+if TYPE_CHECKING:
+    from aspo_lit.module import PolicyHandle
 
 log = logging.getLogger(__name__)
 
+AdvNorm = Literal["std", "none"]
+PromptTemplate = Literal["chat", "plain"]
 
-class MathRLDataModule(LightningDataModule):
-    """Math prompts → G sampled responses per prompt → rewards → group advantages (eq. 1).
+
+def prompts_per_rank(batch_size: int, world_size: int) -> int:
+    """Each rank's share of a rollout batch: ``data.batch_size`` counts prompts over all ranks."""
+    if batch_size % world_size:
+        raise ValueError(f"data.batch_size={batch_size} prompts must be divisible by the number of processes "
+                         f"({world_size})")
+    return batch_size // world_size
+
+
+def check_group_size(group_size: int) -> None:
+    """``data.group_size`` responses per prompt: at least 2, or a group-relative advantage (eq. 1) is 0."""
+    check_positive_int("data.group_size", group_size)
+    if group_size < 2:
+        raise ValueError(f"data.group_size must be >= 2 for group-relative advantages, got {group_size}")
+
+
+class RLDataModule(LightningDataModule):
+    """Prompts → G sampled responses per prompt → rewards → group advantages (eq. 1).
+
+    Math problems as it stands; the testbed and code DataModules (`data_modules.testbed`,
+    `data_modules.code`) change the rows, the prompt and the reward.
 
     Args:
         train_files: the training data: a list of `data_modules.mixture.Source` (hub ids or local
@@ -83,12 +111,12 @@ class MathRLDataModule(LightningDataModule):
         val_max_problems: int | None = None,
         engine: str | RolloutEngine = "auto",
         reward: RewardFn | None = None,
-        adv_norm: str = "std",
+        adv_norm: AdvNorm = "std",
         filter_groups: bool = False,
         overlong_buffer: int = 0,
         overlong_penalty_factor: float = 1.0,
-        prompt_template: str = "chat",
-        on_bad_row: str = "error",
+        prompt_template: PromptTemplate = "chat",
+        on_bad_row: OnBadRow = "error",
         seed: int | None = None,
     ) -> None:
         super().__init__()
@@ -104,12 +132,29 @@ class MathRLDataModule(LightningDataModule):
         self.train_batches: PromptBatches | None = None
         self.stats: dict[str, float] = {}
         self._synced_step = -1
+        self._policy_handle: PolicyHandle | None = None
 
     def setup(self, stage: str) -> None:
-        world = self.trainer.world_size
-        if self.hparams.batch_size % world:
-            raise ValueError(f"data.batch_size={self.hparams.batch_size} must be divisible by the "
-                             f"number of processes ({world})")
+        prompts_per_rank(self.hparams.batch_size, self.trainer.world_size)
+
+    @property
+    def policy_handle(self) -> PolicyHandle:
+        """The policy this DataModule samples for, with its tokenizer, checkpoint and device.
+
+        The one handshake with the LightningModule: taken from its ``policy_handle()`` (which
+        `aspo_lit.module.ASPOModule` implements, and any module trained with this DataModule must)
+        at the first prompt encoding or rollout of a run, and dropped at ``teardown`` with the engine
+        it was attached to. Not in ``setup``: Lightning builds the policy in the module's
+        ``configure_model``, after every ``setup`` hook. `attach_policy` hands one over without a Trainer.
+        """
+        if self._policy_handle is None:
+            self._policy_handle = self.trainer.lightning_module.policy_handle()
+        return self._policy_handle
+
+    def attach_policy(self, handle: PolicyHandle) -> None:
+        """Sample for ``handle``'s policy: a DataModule driven by hand (a benchmark, a test) instead of
+        by a Trainer's LightningModule."""
+        self._policy_handle = handle
 
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed}
@@ -147,7 +192,7 @@ class MathRLDataModule(LightningDataModule):
         sources = self.sources(spec)
         rows, reports = load_mixture(sources, self.convert_row, self.hparams.on_bad_row, self.hparams.dedup, split)
         rows, gold_stats = self.normalize_answers(rows, split)
-        self._publish({**mixture_stats(reports, split), **gold_stats})
+        self._record_data_counts({**mixture_stats(reports, split), **gold_stats})
         if not rows:
             raise BadRowError(f"data.{split}_files: no usable rows in {[s.tag for s in sources]}")
         return rows
@@ -158,7 +203,7 @@ class MathRLDataModule(LightningDataModule):
         rows, rewritten = normalize_golds(rows, f"data.{split}_files")
         return rows, {f"data/{split}/golds_rewritten": float(rewritten)}
 
-    def _publish(self, stats: dict[str, float]) -> None:
+    def _record_data_counts(self, stats: dict[str, float]) -> None:
         """Data counts into ``self.stats`` and, on a fresh run, into the run's loggers (step 0)."""
         self.stats.update(stats)
         trainer = self.trainer
@@ -182,7 +227,7 @@ class MathRLDataModule(LightningDataModule):
             if len(ids) <= self.hparams.max_prompt_length:
                 kept.append(dict(row, prompt_ids=ids))
         dropped = len(rows) - len(kept)
-        self._publish({f"data/{split}_prompts": float(len(kept)), f"data/{split}_dropped_long_prompts": float(dropped)})
+        self._record_data_counts({f"data/{split}_prompts": float(len(kept)), f"data/{split}_dropped_long_prompts": float(dropped)})
         if dropped:
             log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d",
                         split, dropped, len(rows), self.hparams.max_prompt_length)
@@ -192,7 +237,7 @@ class MathRLDataModule(LightningDataModule):
 
     def encode_row(self, row: dict[str, Any]) -> list[int]:
         """Prompt token ids of a row (subclasses change the prompt, e.g. code with starter code)."""
-        return encode_prompt(row["problem"], self.trainer.lightning_module.tokenizer, self.hparams.prompt_template)
+        return encode_prompt(row["problem"], self.policy_handle.tokenizer, self.hparams.prompt_template)
 
     def _rank_share(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """This rank's prompts of a global batch (batch_size counts prompts over all ranks)."""
@@ -223,13 +268,13 @@ class MathRLDataModule(LightningDataModule):
         return self._reward
 
     def _ensure_engine(self) -> RolloutEngine:
-        module = self.trainer.lightning_module
         if self.engine is None:
+            handle = self.policy_handle
             self.engine = build_engine(self._engine_spec) if isinstance(self._engine_spec, str) else self._engine_spec
             # the engine starts from the checkpoint at model_path, not from the policy the trainer
             # holds (restored by --ckpt_path, or trained before a validation): the first
             # generate always pushes (_synced_step stays -1, as TRL's _last_loaded_step)
-            self.engine.attach(module.policy, module.tokenizer, module.hparams.model_name_or_path)
+            self.engine.attach(handle.policy, handle.tokenizer, handle.model_path)
         return self.engine
 
     def _sync_weights(self, engine: RolloutEngine) -> float:
@@ -242,7 +287,7 @@ class MathRLDataModule(LightningDataModule):
         from aspo_lit.models import named_full_tensors
 
         start = time.perf_counter()
-        engine.update_weights(named_full_tensors(self.trainer.lightning_module.policy))
+        engine.update_weights(named_full_tensors(self.policy_handle.policy))
         self._synced_step = self.trainer.global_step
         return time.perf_counter() - start
 
@@ -251,6 +296,7 @@ class MathRLDataModule(LightningDataModule):
             self.engine.close()
             self.engine = None
             self._synced_step = -1
+        self._policy_handle = None
 
     # --- rollouts -------------------------------------------------------------------------------
 
@@ -353,8 +399,8 @@ class MathRLDataModule(LightningDataModule):
         rows = torch.arange(len(records) * G).view(-1, G)[keep].reshape(-1)
         kept_records = [r for r, k in zip(records, keep.tolist()) if k]
         kept_completions = [c for c, k in zip(completions, keep.tolist()) if k]
-        tokenizer = self.trainer.lightning_module.tokenizer
-        packed = pack_rollouts([r["prompt_ids"] for r in kept_records], kept_completions, tokenizer.pad_token_id)
+        handle = self.policy_handle
+        packed = pack_rollouts([r["prompt_ids"] for r in kept_records], kept_completions, handle.tokenizer.pad_token_id)
         flat = [c for group in kept_completions for c in group]
         return RolloutBatch(
             input_ids=packed["input_ids"],
@@ -372,7 +418,7 @@ class MathRLDataModule(LightningDataModule):
             stats={},
             timings={},
             rollout_logprobs=packed["engine_logprobs"],
-        ).to(self.trainer.lightning_module.device)
+        ).to(handle.device)
 
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """K samples per held-out prompt at the evaluation temperature, graded: correctness [P, K]."""
@@ -389,21 +435,20 @@ class MathRLDataModule(LightningDataModule):
 def _validate(args: dict[str, Any]) -> None:
     """Invalid settings fail before any model loads, naming the key."""
     for key in ("batch_size", "group_size", "max_prompt_length", "max_response_length", "val_k", "val_batch_size"):
-        if not isinstance(args[key], int) or args[key] < 1:
-            raise ValueError(f"data.{key} must be a positive integer, got {args[key]!r}")
-    if args["group_size"] < 2:
-        raise ValueError(f"data.group_size must be >= 2 for group-relative advantages, got {args['group_size']}")
+        check_positive_int(f"data.{key}", args[key])
+    check_group_size(args["group_size"])
     if not 0 < args["top_p"] <= 1:
         raise ValueError(f"data.top_p must be in (0, 1], got {args['top_p']!r}")
     if args["temperature"] <= 0:
         raise ValueError(f"data.temperature must be > 0, got {args['temperature']!r}")
-    if args["adv_norm"] not in ("std", "none"):
-        raise ValueError(f"data.adv_norm must be 'std' or 'none', got {args['adv_norm']!r}")
-    if args["prompt_template"] not in ("chat", "plain"):
-        raise ValueError(f"data.prompt_template must be 'chat' or 'plain', got {args['prompt_template']!r}")
-    if args["on_bad_row"] not in ("error", "skip"):
-        raise ValueError(f"data.on_bad_row must be 'error' or 'skip', got {args['on_bad_row']!r}")
+    for key, hint in (("adv_norm", AdvNorm), ("prompt_template", PromptTemplate), ("on_bad_row", OnBadRow)):
+        check_choice(f"data.{key}", args[key], hint)
     for key in ("train_files", "val_files"):
         value = args[key]
         if isinstance(value, (list, tuple)) and not value:
             raise ValueError(f"data.{key} is an empty list of sources")
+
+
+#: The name of `RLDataModule` before the testbed and code DataModules were built on it; configs
+#: written with ``class_path: data_modules.math.MathRLDataModule`` load the same class.
+MathRLDataModule = RLDataModule

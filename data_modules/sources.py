@@ -4,18 +4,19 @@ HF hub id, validated row by row; and a resumable, seeded iterable of prompt batc
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal, get_args
 
 import torch
 
 log = logging.getLogger(__name__)
 
-BAD_ROW_POLICIES = ("error", "skip")
+OnBadRow = Literal["error", "skip"]
+BAD_ROW_POLICIES = get_args(OnBadRow)
 
 
 class BadRowError(ValueError):

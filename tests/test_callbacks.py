@@ -19,15 +19,22 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
+from aspo_lit.__main__ import main as aspo_lit_main
 from aspo_lit.callbacks import (
-    DiagnosticsTQDMProgressBar, EntropyMechanism, EntropyMonitor, HealthMonitor,
-    RepetitionDiagnostic, TokenWeightSurface, TrainingStats, bin_token_weights, ngram_stats,
+    DiagnosticsTQDMProgressBar,
+    EntropyMechanism,
+    EntropyMonitor,
+    HealthMonitor,
+    RepetitionDiagnostic,
+    TokenWeightSurface,
+    TrainingStats,
+    bin_token_weights,
+    ngram_stats,
     weighted_mean,
 )
-from aspo_lit.__main__ import main as aspo_lit_main
-from aspo_lit.figures import plot_figure2, read_metrics
 from aspo_lit.callbacks.summary import _first_last, _first_last_evaluation, end_window
 from aspo_lit.callbacks.token_weights import Reservoir
+from aspo_lit.figures import plot_figure2, read_metrics
 from aspo_lit.stats import Stat
 from aspo_lit.step import StepOutput
 from tests.tolerance import approx64, gamma, rounding_tol
@@ -314,6 +321,7 @@ def test_figure2_renders_png_and_svg_from_fixture(tmp_path):
 
 
 # --------------------------------------------------------------------------- 2 processes
+@pytest.mark.multiproc
 @pytest.mark.timeout(180)
 def test_reductions_across_two_ranks_are_weighted(tmp_path):
     callbacks = [TrainingStats(), EntropyMonitor(window=1), RepetitionDiagnostic(),

@@ -8,22 +8,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 
 from aspo_lit.__main__ import main
+from tests.cli import effective
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _effective(capsys, *configs, extra=()) -> dict:
-    args = ["fit"] + [w for c in configs for w in ("--config", str(REPO / c))] + list(extra) + ["--print_config"]
-    try:
-        code = main(args)
-    except SystemExit as exc:   # jsonargparse exits after --print_config
-        code = exc.code
-    out = capsys.readouterr()
-    assert code in (0, None), out.out + out.err
-    return yaml.safe_load(out.out)
 
 
 @pytest.mark.parametrize("configs, loss, name, model, max_response", [
@@ -35,7 +24,7 @@ def _effective(capsys, *configs, extra=()) -> dict:
      "Qwen/Qwen3-4B", 8192),
 ])
 def test_code_configs_compose_on_the_math_run(capsys, configs, loss, name, model, max_response):
-    cfg = _effective(capsys, *configs)
+    cfg = effective(*configs)
     data = cfg["data"]["init_args"]
     assert cfg["data"]["class_path"] == "data_modules.code.CodeRLDataModule"
     assert cfg["model"]["loss"] == loss and cfg["model"]["model_name_or_path"] == model
@@ -51,7 +40,7 @@ def test_code_configs_compose_on_the_math_run(capsys, configs, loss, name, model
 
 def test_tiny_code_configs_compose(capsys):
     for loss in ("aspo", "grpo"):
-        cfg = _effective(capsys, "conf/tiny/aspo.yaml", f"conf/tiny/code_{loss}.yaml")
+        cfg = effective("conf/tiny/aspo.yaml", f"conf/tiny/code_{loss}.yaml")
         assert cfg["data"]["class_path"] == "data_modules.testbed.TinyCodeRLDataModule"
         assert cfg["model"]["loss"] == loss and cfg["trainer"]["accelerator"] == "cpu"
         assert "levels" not in cfg["data"]["init_args"]        # the arithmetic module's keys are gone

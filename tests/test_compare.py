@@ -19,8 +19,18 @@ import pytest
 
 from aspo_lit.__main__ import gather_leading_words, main
 from aspo_lit.bands import Cell, MetricBand, complete_windows, metric_band, prediction_k, summarize, window_medians
-from aspo_lit.compare import (METRICS, CompareError, band_k, parse_bands, build_reference, compare_run, exit_code, false_alarm_rate,
-                              load_run, read_reference)
+from aspo_lit.compare import (
+    METRICS,
+    CompareError,
+    band_k,
+    build_reference,
+    compare_run,
+    exit_code,
+    false_alarm_rate,
+    load_run,
+    parse_bands,
+    read_reference,
+)
 
 TRAIN = {  # metric: (level, per-seed SD, per-step noise SD): what the tiny config logs, roughly
     "train/reward_mean": (0.5, 0.02, 0.05), "train/entropy": (0.08, 0.004, 0.008),

@@ -331,7 +331,7 @@ def test_a_surge_needs_a_rise_beyond_noise():
 def _history(steps=200, entropy=None, reward=None, clip=None, seed=0):
     rng = np.random.default_rng(seed)
     t = np.arange(steps)
-    noise = lambda s: rng.normal(0, s, steps)  # noqa: E731
+    noise = lambda s: rng.normal(0, s, steps)
     return {
         "train/entropy": entropy if entropy is not None else 0.3 + 0.3 * np.exp(-t / 30) + noise(0.005),
         "train/reward_mean": reward if reward is not None else 0.2 + 0.4 * (1 - np.exp(-t / 40)) + noise(0.01),

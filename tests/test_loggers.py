@@ -21,22 +21,11 @@ from aspo_lit.__main__ import main, run_cli
 from aspo_lit.callbacks.summary import rollout_responses, rollout_tokens
 from aspo_lit.figures import find_metrics_source, log_figure, read_metrics
 from aspo_lit.rollout import RolloutBatch
+from tests.cli import effective
 from tests.tolerance import rounding_tol
 
 REPO = Path(__file__).resolve().parents[1]
 LR_MONITOR = "lightning.pytorch.callbacks.LearningRateMonitor"
-
-
-def effective(capsys, *configs: str, extra: tuple[str, ...] = ()) -> dict:
-    """The parsed `--print_config` of `fit` with `configs` composed left to right."""
-    args = ["fit"] + [w for c in configs for w in ("--config", str(REPO / c))] + list(extra) + ["--print_config"]
-    try:
-        code = main(args)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    assert code in (0, None), out.err[-3000:]
-    return yaml.safe_load(out.out)
 
 
 def scalars_and_images(run_dir: Path):
@@ -81,19 +70,19 @@ def test_every_fit_config_logs_the_learning_rate_per_step():
 
 
 def test_logger_overlays_merge_into_the_effective_config(capsys):
-    tb = effective(capsys, "conf/tiny/aspo.yaml", "conf/loggers/tensorboard.yaml")["trainer"]["logger"]
+    tb = effective("conf/tiny/aspo.yaml", "conf/loggers/tensorboard.yaml")["trainer"]["logger"]
     assert tb["class_path"] == "lightning.pytorch.loggers.TensorBoardLogger"
     assert (tb["init_args"]["save_dir"], tb["init_args"]["name"]) == ("runs", "tiny_aspo")  # kept from the base
     assert tb["init_args"]["default_hp_metric"] is False
 
-    trainer = effective(capsys, "conf/grpo.yaml", "conf/loggers/wandb.yaml", "conf/loggers/throughput.yaml")["trainer"]
+    trainer = effective("conf/grpo.yaml", "conf/loggers/wandb.yaml", "conf/loggers/throughput.yaml")["trainer"]
     wb = trainer["logger"]
     assert wb["class_path"] == "lightning.pytorch.loggers.WandbLogger"
     assert (wb["init_args"]["name"], wb["init_args"]["save_dir"], wb["init_args"]["project"]) == ("grpo", "runs", "aspo-lit")
     names = [c["class_path"] for c in trainer["callbacks"]]
     assert names.count(LR_MONITOR) == 1                               # from conf/aspo.yaml, via grpo's base
     assert names[-1] == "lightning.pytorch.callbacks.ThroughputMonitor"  # appended, the rest kept
-    assert names[:-1] == [c["class_path"] for c in effective(capsys, "conf/grpo.yaml")["trainer"]["callbacks"]]
+    assert names[:-1] == [c["class_path"] for c in effective("conf/grpo.yaml")["trainer"]["callbacks"]]
     throughput = trainer["callbacks"][-1]["init_args"]
     assert throughput["batch_size_fn"] == "aspo_lit.callbacks.summary.rollout_responses"
     assert throughput["length_fn"] == "aspo_lit.callbacks.summary.rollout_tokens"

@@ -144,12 +144,11 @@ def test_tiny_chain_build_stops_on_sampled_accuracy(tmp_path, monkeypatch):
 
 def test_evaluation_treats_every_profile_as_a_local_testbed(monkeypatch, tmp_path):
     """`testbed-long` is built locally like `testbed`: no hub lookup, results tagged by fingerprint."""
-    import aspo_lit.eval.evaluate as E
-    import aspo_lit.models as M
+    from aspo_lit.eval import records, table_commands
 
     folder = tmp_path / "testbed-abc"
-    monkeypatch.setattr(M, "resolve_model_path", lambda name: str(folder))
-    monkeypatch.setattr(E, "model_fingerprint", lambda path: "f1e2d3c4b5a6")
+    monkeypatch.setattr(records, "resolve_model_path", lambda name: str(folder))
+    monkeypatch.setattr(records, "model_fingerprint", lambda path: "f1e2d3c4b5a6")
     for name in ("testbed", "testbed-long"):
-        assert E.check_model(name) is None
-        assert E.model_tag(name) == "testbed-abc-f1e2d3c4"
+        assert table_commands.check_model(name) is None
+        assert records.model_tag(name) == "testbed-abc-f1e2d3c4"

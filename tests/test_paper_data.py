@@ -4,9 +4,7 @@ set. Shipping another dataset fails here."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import os
 import re
 from pathlib import Path
@@ -14,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aspo_lit.__main__ import main
 from data_modules.math import MathRLDataModule
 from data_modules.mixture import Source
+from tests.cli import print_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,15 +58,7 @@ PAPER = {   # config files -> (model, training sources, held-out sources)
 @functools.lru_cache(maxsize=None)
 def _print_config(configs: tuple[str, ...], data_dir: str | None) -> str:
     """The effective config (``fit --print_config``) under one value of $ASPO_DATA_DIR."""
-    args = ["fit"] + [w for c in configs for w in ("--config", str(REPO / c))] + ["--print_config"]
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(args)
-        except SystemExit as exc:   # jsonargparse exits after --print_config
-            code = exc.code
-    assert code in (0, None), out.getvalue() + err.getvalue()
-    return out.getvalue()
+    return print_config(*configs)
 
 
 def effective(configs) -> dict:

@@ -11,13 +11,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aspo_lit.forward import (distinct_prompts, encode_prompts, prompt_backward_term, prompt_sharing_applies,
-                              response_logprobs, responses_from_prompts)
+from aspo_lit.forward import (
+    distinct_prompts,
+    encode_prompts,
+    prompt_backward_term,
+    prompt_sharing_applies,
+    response_logprobs,
+    responses_from_prompts,
+)
 from aspo_lit.microbatch import trim_to_micro_batch
 from aspo_lit.rollout.base import Completion
 from aspo_lit.rollout.batch import pack_rollouts
-from tests.test_fused_logprobs import (VOCAB, assert_all_as_accurate, assert_model_outputs_as_accurate, float64_truth,
-                                      naive_with_grads, tiny_model)
+from tests.test_fused_logprobs import (
+    VOCAB,
+    assert_all_as_accurate,
+    assert_model_outputs_as_accurate,
+    float64_truth,
+    naive_with_grads,
+    tiny_model,
+)
 
 pytestmark = pytest.mark.numerics
 

@@ -8,8 +8,17 @@ import math
 import pytest
 import torch
 
-from tests.tolerance import (AS_ACCURATE_FACTOR, assert_as_accurate, assert_within, gamma, log_softmax_tol,
-                             reduction_tol, rounding_tol, underflow_tol, unit_roundoff)
+from tests.tolerance import (
+    AS_ACCURATE_FACTOR,
+    assert_as_accurate,
+    assert_within,
+    gamma,
+    log_softmax_tol,
+    reduction_tol,
+    rounding_tol,
+    underflow_tol,
+    unit_roundoff,
+)
 
 pytestmark = pytest.mark.numerics
 

@@ -104,10 +104,9 @@ def test_exact_speedups_keep_the_metrics(testbed, tmp_path, monkeypatch, one_thr
     computes them, the fused head's logits kept for its backward against recomputed
     (fused_logprobs.KEEP_LOGITS_MAX), and the update's record made in the last epoch only
     against every epoch."""
+    from aspo_lit import fused_logprobs
     from aspo_lit.module import ASPOModule, PreUpdate, UpdateRecord
     from aspo_lit.rollout import HFEngine, kv_cache
-
-    from aspo_lit import fused_logprobs
 
     calls = {"cache": 0, "lean": 0, "reused": 0, "records": 0}
     real_cache, real_fill = kv_cache.growing_kv_cache, PreUpdate.fill_from_update
