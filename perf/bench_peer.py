@@ -87,6 +87,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from batch_accounting import stage_means  # noqa: E402 (perf/ is the script's folder on sys.path)
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 
@@ -270,16 +271,6 @@ def run_aspo(shape: Shape, work: Work, batches: int, tmp: Path, checkpoint: bool
     return seconds, json.loads(clock.read_text()), tmp / tag / "version_0" / "metrics.csv"
 
 
-def stage_means(metrics_csv: Path, skip_first: int = 1) -> dict[str, float]:
-    """Mean of every ``timing/*`` column over the rollout batches after the first `skip_first`."""
-    import csv
-
-    rows = [r for r in csv.DictReader(metrics_csv.open()) if r.get("timing/step_s")]
-    rows = rows[skip_first:] or rows
-    keys = sorted(k for k in rows[0] if k.startswith("timing/"))
-    return {k: statistics.fmean(float(r[k]) for r in rows if r.get(k)) for k in keys}
-
-
 # --------------------------------------------------------------------------- TRL
 
 def trl_dataset(work: Work, tokenizer):
@@ -391,7 +382,7 @@ def bench_shape(shape: Shape, rounds: int, lengths: tuple[int, int], checkpoint:
                     seconds[side, n], ends, metrics = run_aspo(shape, work, n, tmp, checkpoint, tag,
                                                                default_kv_cache=side == "aspo-default-kv")
                     if n == long and side == "aspo":
-                        stages = stage_means(metrics)
+                        stages = stage_means(metrics)  # batch_accounting's
                 if n == long:
                     steady[side] = steady_s_per_batch(ends)
                 print(f"  round {r}: {side:15s} {n:3d} batches  {seconds[side, n]:7.1f} s  (load {loads[-1]:.2f})",
@@ -426,6 +417,15 @@ def print_table(summary: list[dict[str, Any]]) -> None:
         for side, ratio in res["median_ratio"].items():
             print(f"| {res['shape']} | median | {SIDE_NAMES[side]} | | **{ratio:.2f}** | "
                   f"| {res['median_steady_ratio'][side]:.2f} | |")
+
+
+def print_accounting(summary: list[dict[str, Any]]) -> None:
+    """Per shape, aspo-lit's whole batch by what spent it, one column per round (perf/batch_accounting.py)."""
+    from batch_accounting import accounting_table  # the script's folder, perf/, is on sys.path
+
+    for res in summary:
+        print(f"\n[{res['shape']}] aspo-lit's batch (long runs, after the first batch), s (share of timing/batch_s)\n")
+        print(accounting_table({f"round {x['round']}": x["aspo_stages"] for x in res["rounds"]}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -471,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             summary.append(bench_shape(SHAPES[name], args.rounds, lengths, args.checkpoint == "config", sides,
                                        Path(tmp)))
     print_table(summary)
+    print_accounting(summary)
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2))
     return 0

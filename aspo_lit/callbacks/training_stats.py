@@ -14,7 +14,12 @@ Two kinds of values, each reduced across ranks by what it is a mean, sum or maxi
   the length limit) over all responses, ``response/length_max``; ``ratio/off_policy_share``, the
   share of response tokens whose ratio moved (``|r − 1| > 1e-6``: 0 when every update is
   on-policy); ``timing/step_s``, this callback's wall clock from batch start to batch end, and
-  ``perf/tokens_per_s`` = Σ_ranks response tokens / ``timing/step_s``.
+  ``perf/tokens_per_s`` = Σ_ranks response tokens / ``timing/step_s``;
+* the whole batch: ``timing/batch_s``, the wall clock since the previous batch's statistics, split
+  into what spent it (the DataModule's rollout, the training step, each callback, validation,
+  Lightning's loop, `aspo_lit.callbacks.batch_timer.batch_accounting`), measured through the
+  trainer's profiler, which this callback wraps in a `BatchTimer` at ``setup`` (a user's profiler
+  still receives every action).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 from typing import Any
 
 from aspo_lit.callbacks.base import Diagnostic, global_maxes, global_sum, reduce_stats, weighted_means
+from aspo_lit.callbacks.batch_timer import VALIDATION, BatchTimer, batch_accounting
 
 OFF_POLICY_TOLERANCE = 1e-6
 
@@ -33,6 +39,27 @@ class TrainingStats(Diagnostic):
     def __init__(self, prog_bar: tuple[str, ...] = ("train/reward_mean",)) -> None:
         super().__init__(prog_bar)
         self._t0: float | None = None
+        self._timer: BatchTimer | None = None
+        self._callbacks: list[str] = []
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            if not isinstance(trainer.profiler, BatchTimer):
+                trainer.profiler = BatchTimer(trainer.profiler)
+            self._timer = trainer.profiler
+            self._callbacks = [type(cb).__name__ for cb in trainer.callbacks]
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self._timer is not None:
+            self._timer.take()  # the first window starts here, after the engines' start-up
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self._timer is not None:
+            self._timer.phase = VALIDATION
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._timer is not None:
+            self._timer.phase = ""
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._t0 = time.perf_counter()
@@ -55,6 +82,9 @@ class TrainingStats(Diagnostic):
         ex2 = means.pop("reward_sq")
         means["train/reward_std"] = (ex2 - means["train/reward_mean"] ** 2).clamp_min(0).sqrt()
         metrics.update(means)
-        metrics.update(global_maxes({"response/length_max": lengths, "timing/step_s": step_s}, trainer=trainer))
+        maxima = {"response/length_max": lengths, "timing/step_s": step_s}
+        if self._timer is not None:
+            maxima.update(batch_accounting(*self._timer.take(), self._callbacks))
+        metrics.update(global_maxes(maxima, trainer=trainer))
         metrics["perf/tokens_per_s"] = global_sum(mask.sum(), trainer=trainer) / metrics["timing/step_s"]
         return metrics
