@@ -119,3 +119,12 @@ def shared_data_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared data dir {path} not found (set ASPO_DATA_DIR)")
     return path
+
+
+@pytest.fixture(scope="session")
+def testbed() -> str:
+    """The default CPU testbed (`aspo_lit.testbed`, the demo's model), built once into the cache."""
+    from aspo_lit.testbed import build_testbed
+
+    return str(build_testbed())
+

@@ -32,13 +32,6 @@ PROBE = "tests.rehearsal.probe.RehearsalProbe"
 FP32_GAP = 1e-4  # mean |vLLM log-prob - trainer log-prob| with fp32 on both sides (measured ~2e-6)
 
 
-@pytest.fixture(scope="module")
-def testbed() -> str:
-    from aspo_lit.testbed import build_testbed
-
-    return str(build_testbed())
-
-
 def _fit(testbed: str, out: Path, *extra: str, engine: dict | None = None, devices: int = 2, timeout: int = 900):
     engine = {"class_path": "aspo_lit.rollout.VLLMEngine",
               "init_args": {"enable_sleep_mode": True, "kv_cache_gb": 1, **(engine or {})}}

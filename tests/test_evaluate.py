@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 from pathlib import Path
 
@@ -12,48 +11,14 @@ from aspo_lit.eval.datasets import BENCHMARKS, load_benchmark
 from aspo_lit.eval.evaluate import evaluate_model, export_checkpoint, read_sample_records
 from aspo_lit.eval.tables import load_paper_table, render_table1
 from aspo_lit.prompts import INSTRUCTION, build_prompt
+from tests.engines import FakeEngine
 from tests.tolerance import approx64  # float64 maths on O(1)-O(100) values (docs/design.md, "Tolerances in tests")
 
 PAPER_COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272,
                 "olympiadbench": 675}
 
 
-# --- a fake engine and reward implementing the contracts (docs/design.md) ---------------------
-
-class Completion:
-    def __init__(self, text, token_ids):
-        self.text, self.token_ids, self.finish_reason, self.logprobs = text, token_ids, "stop", None
-
-
-class FakeEngine:
-    """Answers each problem from `answers` (problem text -> gold); sample j of a call is correct
-    iff (hash(problem) + j) % 3 == 0, so results depend only on (problem, sample index) when a
-    problem's samples come in one call. `fail_on_call` raises at the start of that call."""
-
-    def __init__(self, answers: dict[str, str], fail_on_call: int | None = None):
-        self.answers, self.fail_on_call = answers, fail_on_call
-        self.calls, self.prompts, self.attached = 0, 0, False
-
-    def attach(self, model, tokenizer, model_path):
-        self.tokenizer, self.attached = tokenizer, True
-
-    def generate(self, prompts, n=1, sampling=None):
-        self.calls += 1
-        if self.fail_on_call is not None and self.calls >= self.fail_on_call:
-            raise RuntimeError("killed (simulated preemption)")
-        out = []
-        for ids in prompts:
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            problem = next(p for p in self.answers if p.lower() in text.lower())
-            h = int(hashlib.sha1(problem.encode()).hexdigest(), 16)
-            out.append([Completion(f"so \\boxed{{{self.answers[problem] if (h + j) % 3 == 0 else 'x'}}}",
-                                   [1] * (j + 3)) for j in range(n)])
-            self.prompts += 1
-        return out
-
-    def close(self):
-        pass
-
+# --- a fake reward implementing the contract (docs/design.md); the engine: tests/engines.py ------
 
 class ExactReward:
     think_end_token = "</think>"

@@ -106,13 +106,6 @@ def test_rollout_measures_count_responses_and_real_tokens():
 
 
 # --------------------------------------------------------------------------- a real fit, TensorBoard
-@pytest.fixture(scope="session")
-def testbed() -> str:
-    from aspo_lit.testbed import build_testbed
-
-    return str(build_testbed())
-
-
 @pytest.mark.timeout(600)
 def test_tensorboard_fit_logs_lr_throughput_and_figures_and_reads_back(testbed, tmp_path, capsys):
     """2 rollout batches on the CPU testbed with the TensorBoard overlay first (the run's folder) and

@@ -114,19 +114,14 @@ def test_where_prompt_sharing_applies(monkeypatch):
     assert not prompt_sharing_applies(model)
 
 
-def test_share_prompt_refusals(testbed_path):
+def test_share_prompt_refusals(testbed):
     from aspo_lit.module import ASPOModule
 
     with pytest.raises(ValueError, match="gradient_checkpointing"):
-        ASPOModule(model_name_or_path=testbed_path, share_prompt=True, gradient_checkpointing=True)
-    module = ASPOModule(model_name_or_path=testbed_path, share_prompt=True)
+        ASPOModule(model_name_or_path=testbed, share_prompt=True, gradient_checkpointing=True)
+    module = ASPOModule(model_name_or_path=testbed, share_prompt=True)
     module._device_mesh = object()  # what FSDP2Strategy sets
     with pytest.raises(ValueError, match="unsharded"):
         module.configure_model()
 
 
-@pytest.fixture(scope="module")
-def testbed_path() -> str:
-    from aspo_lit.testbed import build_testbed
-
-    return str(build_testbed())

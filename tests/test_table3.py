@@ -2,7 +2,6 @@
 upstream row formats, resume after a kill, Table 3 beside the paper, the tiny profile."""
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from aspo_lit.eval.choice import (
 )
 from aspo_lit.eval.datasets import BENCHMARKS, load_benchmark
 from aspo_lit.eval.evaluate import evaluate_model
+from tests.engines import FakeEngine
 from tests.tolerance import approx64  # float64 maths on O(1)-O(100) values (docs/design.md, "Tolerances in tests")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,40 +244,11 @@ def test_registry():
 
 # --- resume after a kill ---------------------------------------------------------------------------
 
-class _Completion:
-    def __init__(self, text, token_ids):
-        self.text, self.token_ids, self.finish_reason, self.logprobs = text, token_ids, "stop", None
-
-
-class LetterEngine:
+def LetterEngine(rows, fail_on_call=None) -> FakeEngine:
     """Answers `\\boxed{gold}` for sample j of a problem iff (hash(question) + j) % 3 == 0, else
-    another letter. `fail_on_call` raises at the start of that call (a preemption)."""
-
-    def __init__(self, rows, fail_on_call=None):
-        self.golds = {r["problem"].lower(): r["answer"] for r in rows}
-        self.fail_on_call, self.calls, self.prompts = fail_on_call, 0, 0
-
-    def attach(self, model, tokenizer, model_path):
-        self.tokenizer = tokenizer
-
-    def generate(self, prompts, n=1, sampling=None):
-        self.calls += 1
-        if self.fail_on_call is not None and self.calls >= self.fail_on_call:
-            raise RuntimeError("killed (simulated preemption)")
-        out = []
-        for ids in prompts:
-            text = self.tokenizer.decode(ids, skip_special_tokens=True).lower()
-            question = next(q for q in self.golds if q in text)
-            gold = self.golds[question]
-            h = int(hashlib.sha1(question.encode()).hexdigest(), 16)
-            wrong = "A" if gold != "A" else "B"
-            out.append([_Completion(f"so \\boxed{{{gold if (h + j) % 3 == 0 else wrong}}}",
-                                    [1] * (j + 3)) for j in range(n)])
-            self.prompts += 1
-        return out
-
-    def close(self):
-        pass
+    another letter (questions lower-cased, as the decoded prompt is matched)."""
+    return FakeEngine({r["problem"].lower(): r["answer"] for r in rows}, fail_on_call=fail_on_call,
+                      wrong=lambda gold: "A" if gold != "A" else "B")
 
 
 def _records(out: Path, name: str):

@@ -18,13 +18,6 @@ REPO = Path(__file__).resolve().parents[1]
 NONDETERMINISTIC = ("timing/", "perf/")
 
 
-@pytest.fixture(scope="session")
-def testbed() -> str:
-    from aspo_lit.testbed import build_testbed
-
-    return str(build_testbed())
-
-
 def fit_args(model: str, save_dir: Path, name: str, max_steps: int, *extra: str) -> list[str]:
     return [
         "fit", "--config", str(REPO / "conf/tiny/aspo.yaml"),
