@@ -53,10 +53,6 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key."""
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and value > 0
-
-
 def check_config(cfg: Any) -> None:
     """The checks across objects (model, data, trainer) that no single class can do, run before anything
     is instantiated. The values they combine are first checked by their classes' own checks (the same
@@ -64,23 +60,22 @@ def check_config(cfg: Any) -> None:
     model, data = cfg.get("model", {}), cfg.get("data", {})
     data_args = data.get("init_args", data) if hasattr(data, "get") else {}
     batch, mini, group = data_args.get("batch_size"), model.get("mini_batch_size"), data_args.get("group_size")
-    if _positive_int(batch) and _positive_int(mini) and batch % mini:
-        raise ConfigError(f"model.mini_batch_size={mini} must divide data.batch_size={batch} (both count prompts)")
     trainer = cfg.get("trainer", {})
     devices = trainer.get("devices")
     if isinstance(devices, str) and devices.isdigit():
         devices = int(devices)
     world = (devices if isinstance(devices, int) and devices > 0 else 1) * int(trainer.get("num_nodes") or 1)
-    try:  # the values' own checks first, so that the error names the key; then the splits over processes
-        if batch is not None:
-            check_positive_int("data.batch_size", batch)
-        if mini is not None:
-            check_positive_int("model.mini_batch_size", mini)
+    try:  # each value's own check first, so that a bad one is reported by its key; then the splits
+        for key, value in (("data.batch_size", batch), ("model.mini_batch_size", mini)):
+            if value is not None:
+                check_positive_int(key, value)
         if group is not None:
             check_group_size(group)
-        if _positive_int(batch):
+        if batch is not None and mini is not None and batch % mini:
+            raise ValueError(f"model.mini_batch_size={mini} must divide data.batch_size={batch} (both count prompts)")
+        if batch is not None:
             prompts_per_rank(batch, world)
-        if _positive_int(mini) and _positive_int(group):
+        if mini is not None and group is not None:
             rows_per_minibatch(mini, group, world)
     except ValueError as err:
         raise ConfigError(str(err)) from err

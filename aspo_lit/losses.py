@@ -27,7 +27,7 @@ import importlib
 import inspect
 import math
 from importlib.metadata import entry_points
-from typing import Callable, NamedTuple
+from typing import Callable, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -60,6 +60,8 @@ __all__ = [
 
 LOSS_AGG_MODES = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
+#: ``model.kl_kind``'s type: the names of KL_KINDS (LightningCLI rejects any other, naming the key).
+KLKind = Literal[tuple(KL_KINDS)]
 # The clip flags and the advantage sign whose response tokens each is a share of (Prop. 4.1).
 CLIP_SIGNS = {"clip/pos_high": "positive", "clip/neg_low": "negative",
               "clip/pos_dual": "positive", "clip/neg_dual": "negative"}

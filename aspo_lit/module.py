@@ -28,7 +28,15 @@ from aspo_lit.forward import (
     response_logprobs,
     responses_from_prompts,
 )
-from aspo_lit.losses import PolicyLoss, agg_normalizer, aggregate, effective_token_weight, get_policy_loss, kl_penalty
+from aspo_lit.losses import (
+    KLKind,
+    PolicyLoss,
+    agg_normalizer,
+    aggregate,
+    effective_token_weight,
+    get_policy_loss,
+    kl_penalty,
+)
 from aspo_lit.metrics import AvgAtK, PassAtK
 from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
 from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_and_broadcast, shard_decoder_layers
@@ -40,9 +48,8 @@ from aspo_lit.stats import Stat, StatAccumulator
 from aspo_lit.step import StepOutput
 
 # The settings with a fixed set of values (LightningCLI rejects any other, naming the key; `_validate_hparams`
-# does for a module built in Python). kl_kind keeps verl's names next to Schulman's (`aspo_lit.losses.KL_KINDS`).
+# does for a module built in Python). kl_kind: `aspo_lit.losses.KLKind`, verl's names next to Schulman's.
 OldLogprobs = Literal["recompute", "sampler"]
-KLKind = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse"]
 TorchDType = Literal["float32", "bfloat16", "float16", "auto"]
 OLD_LOGPROBS = choices(OldLogprobs)
 
