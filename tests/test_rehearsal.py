@@ -28,3 +28,17 @@ def test_shipped_config_rehearses(name):
     verdict = rehearse(name, out)
     failed = {k: {x: y for x, y in c.items() if x != "diff"} for k, c in verdict["checks"].items() if not c.get("ok")}
     assert verdict["ok"], json.dumps(failed, indent=1, default=str)
+
+
+def test_loss_ablations_share_a_resume_check_only_with_a_loss_only_difference(tmp_path):
+    """A config whose SIGTERM + resume check is another's (RESUME_AS) differs from it in the loss and
+    the logger's name only; any other key that differs fails the check."""
+    from tests.rehearsal.run import LOSS_ONLY_KEYS, RESUME_AS, _same_config, config_diff
+
+    for name, other in RESUME_AS.items():
+        _, rehearsed = config_diff(name, CONFIGS[name], ["--data.init_args.engine=hf"], tmp_path / name)
+        same = _same_config(rehearsed, other, ["--data.init_args.engine=hf"], tmp_path, allowed=LOSS_ONLY_KEYS)
+        assert same["ok"], same
+        assert rehearsed["model.loss"] != config_diff(other, CONFIGS[other], [], tmp_path / other)[1]["model.loss"]
+    changed = {**rehearsed, "model.lr": rehearsed["model.lr"] * 2}
+    assert _same_config(changed, other, ["--data.init_args.engine=hf"], tmp_path, allowed=LOSS_ONLY_KEYS)["differ"] == ["model.lr"]

@@ -32,7 +32,10 @@ shipped sandboxed reward), it:
 
 `code_qwen3_4b` and `code_archer2_data` rehearse as `code_aspo`, and `qwen3_8b` as `qwen3_4b`, once
 the overlay has replaced their model, data and lengths: for them step 1 runs, and a check that their
-rehearsed effective config is the other's (the logger's name aside) stands for steps 2-4. The
+rehearsed effective config is the other's (the logger's name aside) stands for steps 2-4. The loss
+ablations `aspo+grpo_pos_mean`, `aspo+aspo_no_dual_clip`, `aspo+cispo` and `code_grpo` run steps 1-3;
+their step 4 is `aspo+grpo_no_is`'s / `code_aspo`'s (a checkpoint holds no loss state), with a check
+that their effective configs differ from those in the loss and the logger's name only. The
 effective configs of step 1 are read in-process (`print_config`), the fits run as subprocesses.
 
 The verdict of each config goes to `runs/rehearsal/<config>.json` (with the engine topology that
@@ -70,6 +73,13 @@ VLLM_CONFIGS = ("aspo",)
 #: configs whose rehearsed run is another config's (the overlay replaces all they change: model id,
 #: data sources): checked by the config diff and that identity (the logger's name aside), not a fit
 SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo", "qwen3_8b": "qwen3_4b"}
+#: configs that differ from another only in the loss (and the logger's name): a checkpoint holds no
+#: loss state, so their SIGTERM + resume check is the other's (asserted: the effective configs differ
+#: in no other key); their fit and 1-process replay still run, since the loss's reduction over ranks
+#: is theirs
+RESUME_AS = {"aspo+grpo_pos_mean": "aspo+grpo_no_is", "aspo+aspo_no_dual_clip": "aspo+grpo_no_is",
+             "aspo+cispo": "aspo+grpo_no_is", "code_grpo": "code_aspo"}
+LOSS_ONLY_KEYS = ("model.loss", "trainer.logger.init_args.name")
 PROBE = "tests.rehearsal.probe.RehearsalProbe"
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 
@@ -149,13 +159,18 @@ def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> t
     return {"diff": diff, "outside_overlay": outside, "ok": not outside}, rehearsed
 
 
-def _fit(configs, extra, save_dir, probe_args, log, ckpt_last=False):
+def _fit(configs, extra, save_dir, probe_args, log, ckpt_last=False, seconds: dict | None = None):
+    """One `fit` subprocess; its wall seconds go to ``seconds[<log's stem>]``."""
     args = ["fit"] + sum((["--config", c] for c in configs + overlays(configs)), []) + extra
     args += [f"--trainer.logger.init_args.save_dir={save_dir}", f"--trainer.callbacks+={PROBE}"]
     args += [f"--trainer.callbacks.init_args.{k}={v}" for k, v in probe_args.items()]
     if ckpt_last:
         args += ["--ckpt_path", "last"]
-    return _cli(args, log)
+    t0 = time.perf_counter()
+    proc = _cli(args, log)
+    if seconds is not None:
+        seconds[log.stem] = round(time.perf_counter() - t0, 1)
+    return proc
 
 
 def _metrics(save_dir: Path) -> list[dict]:
@@ -219,6 +234,7 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     t0 = time.perf_counter()
     verdict: dict = {"config": configs, "overlay": overlays(configs), "engine": "vllm" if name in VLLM_CONFIGS else "hf"}
     checks: dict = {}
+    verdict["fit_s"] = fit_s = {}   # each fit subprocess's wall seconds (docs/ci.md reads them)
     if CODE_OVERLAY in overlays(configs) and name not in SAME_RUN_AS:
         from aspo_lit.testbed.code import build_code_testbed
 
@@ -227,14 +243,10 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     for key, (old, new) in checks["config_diff"]["diff"].items():
         print(f"  [{name}] {key}: {old!r} -> {new!r}")
     if name in SAME_RUN_AS:
-        other = SAME_RUN_AS[name]
-        _, theirs = config_diff(other, CONFIGS[other], extra, out / other)
-        differ = sorted(k for k in set(rehearsed) | set(theirs)
-                        if rehearsed.get(k) != theirs.get(k) and k != "trainer.logger.init_args.name")
-        checks["same_run_as"] = {"ok": not differ, "config": other, "differ": differ}
+        checks["same_run_as"] = _same_config(rehearsed, SAME_RUN_AS[name], extra, out, allowed=LOSS_ONLY_KEYS[1:])
         return _finish(verdict, checks, out_root, name, t0)
 
-    proc = _fit(configs, extra, out / "multi", {"out_dir": out / "multi" / "probe"}, out / "multi.log")
+    proc = _fit(configs, extra, out / "multi", {"out_dir": out / "multi" / "probe"}, out / "multi.log", seconds=fit_s)
     if proc.returncode != 0:
         checks["multi_run"] = {"ok": False, "why": f"fit failed (rc {proc.returncode}), see {out / 'multi.log'}"}
         return _finish(verdict, checks, out_root, name, t0)
@@ -264,18 +276,22 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     replay = list(overrides) + ["--trainer.devices=1", "--data=tests.rehearsal.replay.ReplayRollouts",
               f"--data.rollout_dir={out / 'multi' / 'probe' / 'rollouts'}", "--data.world_size=2",
               f"--data.mini_batch_size={mini}"]
-    proc = _fit(configs, replay, out / "single", {"out_dir": out / "single" / "probe"}, out / "single.log")
+    proc = _fit(configs, replay, out / "single", {"out_dir": out / "single" / "probe"}, out / "single.log", seconds=fit_s)
     if proc.returncode != 0:
         checks["single_replay"] = {"ok": False, "why": f"replay failed (rc {proc.returncode}), see {out / 'single.log'}"}
     else:
         checks["single_replay"] = compare_weights(_weights(out / "multi" / "probe"), _weights(out / "single" / "probe"), bf16)
 
+    if name in RESUME_AS:
+        checks["sigterm_resume"] = {**_same_config(rehearsed, RESUME_AS[name], extra, out, allowed=LOSS_ONLY_KEYS),
+                                    "resume_checked_by": RESUME_AS[name]}
+        return _finish(verdict, checks, out_root, name, t0)
     reference = out / "multi"
     cut = out / "interrupted"
-    proc = _fit(configs, extra, cut, {"out_dir": cut / "probe", "sigterm_at_batch": 1, "save": False}, out / "interrupted.log")
+    proc = _fit(configs, extra, cut, {"out_dir": cut / "probe", "sigterm_at_batch": 1, "save": False}, out / "interrupted.log", seconds=fit_s)
     ckpts = list(cut.rglob("last*.ckpt"))
     if proc.returncode == 0 and ckpts:
-        proc = _fit(configs, extra, cut, {"out_dir": cut / "probe_resumed", "save": False}, out / "resumed.log", ckpt_last=True)
+        proc = _fit(configs, extra, cut, {"out_dir": cut / "probe_resumed", "save": False}, out / "resumed.log", ckpt_last=True, seconds=fit_s)
     if proc.returncode != 0 or not ckpts:
         checks["sigterm_resume"] = {"ok": False, "why": f"interrupted/resumed run failed or left no last.ckpt, see {out}"}
     elif name in VLLM_CONFIGS:  # sampled in distribution only: the pushes and the gap, not the metrics
@@ -288,6 +304,13 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
         checks["sigterm_resume"] = {"ok": same, "worst": worst, "checkpoint": str(ckpts[0]),
                                     "sharded": ckpts[0].is_dir()}
     return _finish(verdict, checks, out_root, name, t0)
+
+
+def _same_config(rehearsed: dict, other: str, extra: list[str], out: Path, allowed: tuple[str, ...]) -> dict:
+    """Whether this config's rehearsed effective config is ``other``'s but for the ``allowed`` keys."""
+    _, theirs = config_diff(other, CONFIGS[other], extra, out / other.replace("+", "_"))
+    differ = sorted(k for k in set(rehearsed) | set(theirs) if rehearsed.get(k) != theirs.get(k) and k not in allowed)
+    return {"ok": not differ, "config": other, "differ": differ, "allowed": list(allowed)}
 
 
 def _finish(verdict, checks, out_root, name, t0):
