@@ -118,16 +118,17 @@ def test_tiny_chain_build_stops_on_sampled_accuracy(tmp_path, monkeypatch):
     import json
 
     import aspo_lit.testbed.build as T
+    import aspo_lit.testbed.sft as S
 
     calls = []
-    real = T._sample_accuracy
+    real = T.sample_accuracy
 
     def spy(model, tokenizer, problems, **kw):
         calls.append(len(problems))
         return real(model, tokenizer, problems, **kw)
 
-    monkeypatch.setattr(T, "_sample_accuracy", spy)
-    monkeypatch.setattr(T, "_gold_probability", lambda *a, **k: pytest.fail("gold probability used"))
+    monkeypatch.setattr(T, "sample_accuracy", spy)
+    monkeypatch.setattr(S, "_gold_probability", lambda *a, **k: pytest.fail("gold probability used"))
     config = T.TestbedConfig(
         task="chain", ops=(4,), max_value=30, num_train_problems=200, tokenizer_train_problems=100,
         vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,

@@ -6,8 +6,9 @@ import dataclasses
 import json
 from typing import Any
 
-from aspo_lit.testbed.build import PROFILES, build_testbed
+from aspo_lit.testbed.build import build_testbed
 from aspo_lit.testbed.code import CodeTestbedConfig, build_code_testbed, code_testbed_dir
+from aspo_lit.testbed.config import PROFILES
 
 CODE_PROFILE = "testbed-code"
 

@@ -10,7 +10,7 @@ both passing and failing programs.
 
     python -m aspo_lit build-testbed --profile testbed-code [--force true] [--cache_dir DIR]
 
-The folder ``<cache root>/testbed-code`` (the cache root of ``aspo_lit.testbed.build``:
+The folder ``<cache root>/testbed-code`` (the cache root of ``aspo_lit.testbed.config``:
 ``$ASPO_LIT_CACHE``, else ``<repo>/.cache/aspo_lit``, the folder ``conf/tiny/code_*.yaml`` name)
 holds ``testbed.json`` with the config hash; a changed config rebuilds it.
 """
@@ -24,7 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aspo_lit.testbed.build import TestbedConfig, default_cache_dir, left_padded, publish, sft_loop, warm_start_into
+from aspo_lit.testbed.build import publish, warm_start_into
+from aspo_lit.testbed.config import TestbedConfig, default_cache_dir
+from aspo_lit.testbed.sft import sft_loop
+from aspo_lit.testbed.tokenizer import left_padded
 
 BUILDER_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parents[2]
