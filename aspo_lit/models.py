@@ -82,7 +82,8 @@ def shard_and_broadcast(model: torch.nn.Module, mesh, mp_policy, device: torch.d
     then fill every rank's shards from rank 0's weights (verl's ``fsdp2_load_full_state_dict``):
     ``set_model_state_dict(..., full_state_dict=True, broadcast_from_rank0=True)`` sends one
     tensor at a time, so only rank 0 ever holds the full model. Buffers outside the state dict
-    (rotary ``inv_freq``) are broadcast after."""
+    (rotary ``inv_freq``) are broadcast after, in name order: FSDP2 may list them in another
+    order on each rank (verl sorts them too), and a broadcast pairs tensors by call order."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -95,7 +96,7 @@ def shard_and_broadcast(model: torch.nn.Module, mesh, mp_policy, device: torch.d
         model.to_empty(device=device)
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     del full
-    for buffer in model.buffers():
+    for _, buffer in sorted(model.named_buffers(), key=lambda item: item[0]):
         dist.broadcast(buffer, src=0)
 
 

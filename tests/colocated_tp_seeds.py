@@ -29,9 +29,12 @@ def main() -> None:
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     engine = VLLMEngine(tensor_parallel_size=2, dtype="float32", max_model_len=256, kv_cache_gb=1)
     engine.attach(None, tokenizer, model_dir)
+    engine.update_weights(policy.state_dict())  # a colocated engine starts with random weights
     ids = [tokenizer("2+2=")["input_ids"], tokenizer("hello there")["input_ids"]]
     out = engine.generate(ids, n=2, sampling=SamplingConfig(max_tokens=8, seed=100 + rank, logprobs=True))
-    print(f"rank {rank} topology {engine.topology} gap {policy_logprob_gap(policy, ids, out):.3e}", flush=True)
+    # one write per line: print() writes the text and the newline apart, and the ranks share stdout
+    sys.stdout.write(f"rank {rank} topology {engine.topology} gap {policy_logprob_gap(policy, ids, out):.3e}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -105,6 +105,24 @@ def test_tensor_parallel_group_samples_with_one_seed(tiny_model_dir):
     assert len(gaps) == 2 and "topology colocated" in proc.stdout and max(gaps) < FP32_GAP, proc.stdout
 
 
+@pytest.mark.slow
+def test_engine_starts_with_random_weights_until_the_first_push(tiny_model_dir):
+    """A colocated engine does not read the checkpoint on every rank (a level-2 sleep would discard
+    it at once): it starts with random weights (`load_format="dummy"`, as verl), refuses to
+    generate, and after the first push holds the checkpoint's weights and samples on-policy.
+    (~40 s: one rank under torch.distributed.run.)"""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
+                           str(REPO / "tests/colocated_first_push.py"), str(tiny_model_dir)], cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("SEEN "))[5:])
+    assert seen["topology"] == "colocated" and seen["needs_push_at_start"], seen
+    (matched_before, diff_before), (matched_after, _) = seen["before"], seen["after"]
+    assert not matched_before, diff_before  # the checkpoint's weights were not read
+    assert "update_weights() before generate()" in seen["generate_before_push"], seen
+    assert matched_after and seen["gap_after"] < FP32_GAP, seen
+
+
 def test_resume_pushes_the_restored_weights(testbed, tmp_path):
     """`--ckpt_path last` restores the trained policy; the engine starts from the base checkpoint.
     The first resumed rollout must be sampled from the restored weights: its sampler/trainer gap

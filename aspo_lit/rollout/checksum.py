@@ -12,6 +12,10 @@ themselves can no longer be read. Both ends reduce a tensor the same way:
   packed ``lm_head`` (the tied-embedding reload bug) changes the checksum.
 * anything else (the embedding table, norms, biases, 3-D expert stacks): the plain sum.
 
+With tensor parallelism each engine rank holds part of the model; ``tp_part`` says, per
+parameter, whether its rank's sums are partial (``sharded``: added over the TP group) or the
+whole tensor's (``replicated``: counted once).
+
 The two kinds are kept apart. The plain sums are exact: the engine holds the trainer's values
 cast to its dtype, and both ends sum the same numbers in fp64 (relative differences ~1e-15 in
 any dtype), so a one-step-stale embedding shows even at lr 1e-7. The projected sums go through
@@ -22,10 +26,19 @@ the engine's GEMM, so they agree to its rounding: ~3e-8 relative in fp32 on CPU 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal, get_args
 
 import torch
 
-__all__ = ["probe_vector", "tensor_checksum", "checksum_of", "relative_difference", "weights_match"]
+__all__ = ["probe_vector", "tensor_checksum", "checksum_of", "relative_difference", "weights_match", "tp_part"]
+
+#: vLLM's layer families, by how tensor parallelism splits them: ``column`` (ColumnParallelLinear,
+#: QKV and merged gate/up: split along the outputs), ``row`` (RowParallelLinear: split along the
+#: inputs), ``replicated`` (ReplicatedLinear, the MoE router), ``lm_head`` and ``embedding``
+#: (vocab-parallel: split along the vocabulary), ``experts`` (the fused MoE experts) and ``other``
+#: (norms and anything else held whole)
+LayerKind = Literal["column", "row", "replicated", "lm_head", "embedding", "experts", "other"]
+TPPart = Literal["sharded", "replicated"]
 
 
 def probe_vector(k: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -59,6 +72,29 @@ def checksum_of(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.
         out[kind] += value
         out[kind + "_abs"] += abs(value)
     return out
+
+
+def tp_part(kind: LayerKind, param: str, *, expert_parallel: bool = False) -> TPPart:
+    """Whether a vLLM parameter is split over the TP group (``sharded``) or held whole by every
+    rank (``replicated``), by its layer's family and its name within the layer.
+
+    * ``replicated`` and ``other`` layers: whole on every rank.
+    * ``row``: the weight is split along its inputs; the bias is whole on every rank (added once,
+      after the all-reduce).
+    * ``experts``: ``w13_weight`` [E, 2I, H], ``w2_weight`` [E, H, I] and ``w13_bias`` [E, 2I] are
+      split along the intermediate size I; ``w2_bias`` [E, H] is whole on every rank, except with
+      expert parallelism, which splits every expert tensor along E.
+    * ``column``, ``lm_head``, ``embedding``: split along their outputs (the vocabulary for the
+      last two), the bias with them."""
+    if kind not in get_args(LayerKind):
+        raise ValueError(f"tp_part: kind must be one of {get_args(LayerKind)}, got {kind!r}")
+    if kind in ("replicated", "other"):
+        return "replicated"
+    if kind == "row" and param == "bias":
+        return "replicated"
+    if kind == "experts" and param == "w2_bias" and not expert_parallel:
+        return "replicated"
+    return "sharded"
 
 
 def relative_difference(engine: dict[str, float], trainer: dict[str, float]) -> dict[str, float]:

@@ -49,9 +49,26 @@ def _is_sharded(model: Any) -> bool:
     return any(hasattr(p, "full_tensor") for p in model.parameters())
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+def _generation_config(model: Any, model_path: Any) -> Any:
+    """The checkpoint's ``generation_config.json`` when ``model_path`` has one, else the model's.
+
+    Read from the file on every rank: a rank that built its model on the meta device
+    (``from_config``) derives the model's generation config from config.json, whose EOS ids can
+    differ from generation_config.json's, which rank 0's ``from_pretrained`` reads."""
+    if model_path is not None:
+        from transformers import GenerationConfig
+
+        try:
+            return GenerationConfig.from_pretrained(model_path)
+        except OSError:  # no generation_config.json: from_pretrained derived it from config.json too
+            pass
+    return getattr(model, "generation_config", None)
+
+
+def _eos_ids(model: Any, tokenizer: Any, model_path: Any = None) -> list[int]:
     ids: list[int] = []
-    for src in (getattr(tokenizer, "eos_token_id", None), getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+    generation_config = _generation_config(model, model_path)
+    for src in (getattr(tokenizer, "eos_token_id", None), getattr(generation_config, "eos_token_id", None)):
         if src is None:
             continue
         for i in src if isinstance(src, (list, tuple)) else [src]:
@@ -190,7 +207,7 @@ class HFEngine(RolloutEngine):
         self.model = model
         self.tokenizer = tokenizer
         self.model_path = str(model_path) if model_path is not None else None
-        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.eos_token_ids = _eos_ids(model, tokenizer, model_path)
         pad = getattr(tokenizer, "pad_token_id", None)
         if pad is None:
             pad = self.eos_token_ids[0] if self.eos_token_ids else 0

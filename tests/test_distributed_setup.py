@@ -1,0 +1,150 @@
+"""What each rank of a multi-process run sets up, checked in one process: the environment a
+colocated vLLM engine is created in, which of vLLM's parameters the weight checksum adds over a
+TP group, the order rank 0's buffers are broadcast in, and the EOS ids of the transformers engine
+on a rank that built its model on the meta device."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import pytest
+import torch
+
+from aspo_lit.rollout.checksum import tp_part
+from aspo_lit.rollout.vllm import colocate_env
+
+
+def test_colocated_tp_engine_runs_its_all_reduce_on_nccl():
+    """At TP > 1 every rank's engine starts with vLLM's FlashInfer and symmetric-memory
+    all-reduce off (both are on by default, and FlashInfer's is tried first); at TP 1 there is
+    no TP all-reduce and the environment names only the ranks."""
+    env = colocate_env(rank=1, local_rank=1, world_size=2, tensor_parallel_size=2)
+    assert env["VLLM_ALLREDUCE_USE_FLASHINFER"] == "0" and env["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0"
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2")
+    assert colocate_env(rank=1, local_rank=1, world_size=2, tensor_parallel_size=1) == {
+        "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}
+
+
+@pytest.mark.parametrize("kind, param, expert_parallel, part", [
+    # MoE experts at TP > 1: w13 [E, 2I, H], w2 [E, H, I] and w13's bias are split along I
+    ("experts", "w13_weight", False, "sharded"),
+    ("experts", "w2_weight", False, "sharded"),
+    ("experts", "w13_bias", False, "sharded"),
+    ("experts", "w2_bias", False, "replicated"),  # [E, H]: whole on every rank
+    ("experts", "w2_bias", True, "sharded"),  # expert parallelism splits every tensor along E
+    ("replicated", "weight", False, "replicated"),  # the MoE router
+    ("row", "weight", False, "sharded"),
+    ("row", "bias", False, "replicated"),
+    ("column", "bias", False, "sharded"),
+    ("embedding", "weight", False, "sharded"),
+    ("lm_head", "weight", False, "sharded"),
+    ("other", "weight", False, "replicated"),  # norms
+])
+def test_tp_part_of_each_parameter(kind, param, expert_parallel, part):
+    """The engine's checksum adds a TP-split parameter's per-rank sums over the group and counts a
+    whole one once; counting split expert weights once gives a false mismatch at TP > 1."""
+    assert tp_part(kind, param, expert_parallel=expert_parallel) == part
+
+
+def test_tp_part_names_an_unknown_layer_kind():
+    with pytest.raises(ValueError, match="kind"):
+        tp_part("moe", "w13_weight")
+
+
+def test_engine_checksum_adds_its_tp_group_without_a_cpu_tensor_collective(monkeypatch):
+    """On GPU the TP group is an NCCL group, which refuses CPU tensors ("No backend type
+    associated with device type cpu"): the engine adds its TP ranks' partial sums without one."""
+    import torch.distributed as dist
+
+    from aspo_lit.rollout import VLLMEngine
+
+    part = {"sharded": {"plain": 1.0, "projected": 10.0}, "replicated": {"plain": 5.0, "projected": 50.0}}
+
+    class LLM:  # this rank's worker
+        def collective_rpc(self, method):
+            return [part]
+
+    def nccl_all_reduce(tensor, *args, **kwargs):
+        if tensor.device.type == "cpu":
+            raise RuntimeError("No backend type associated with device type cpu")
+
+    def all_gather_object(out, obj, group=None):  # both TP ranks hold the same partial sums
+        out[:] = [obj] * len(out)
+
+    monkeypatch.setattr(dist, "all_reduce", nccl_all_reduce)
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    engine = VLLMEngine()
+    engine.llm, engine._attached, engine.colocate, engine._tp_group = LLM(), True, True, "tp group"
+    assert engine.weights_checksum() == {"plain": 2 * 1.0 + 5.0, "projected": 2 * 10.0 + 50.0}
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the vllm package is not installed")
+def test_vllm_layers_map_to_their_tp_kind():
+    """The worker's map from vLLM's layer classes to `tp_part`'s kinds (the MoE router is a
+    ReplicatedLinear, the LM head a VocabParallelEmbedding: the order of the checks matters)."""
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    from aspo_lit.rollout.vllm_worker import _layer_kind
+
+    expected = {RoutedExperts: "experts", GateLinear: "replicated", QKVParallelLinear: "column",
+                MergedColumnParallelLinear: "column", RowParallelLinear: "row", ParallelLMHead: "lm_head",
+                VocabParallelEmbedding: "embedding", torch.nn.LayerNorm: "other"}
+    assert {cls: _layer_kind(cls.__new__(cls)) for cls in expected} == expected
+
+
+def test_buffers_broadcast_in_name_order(monkeypatch):
+    """Rank 0 broadcasts the buffers outside the state dict by name: a broadcast pairs tensors by
+    call order, and FSDP2 may list a model's buffers in another order on each rank."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint.state_dict as dcp_state_dict
+
+    from aspo_lit import models
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("inv_freq", torch.ones(2), persistent=False)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("rotary", torch.ones(2), persistent=False)  # registered before a_block's
+            self.a_block = Block()
+
+    model = Model()
+    sent: list[torch.Tensor] = []
+    monkeypatch.setattr(models, "shard_decoder_layers", lambda *args: None)
+    monkeypatch.setattr(dcp_state_dict, "set_model_state_dict", lambda *args, **kwargs: None)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(dist, "broadcast", lambda tensor, src, **kwargs: sent.append(tensor))
+    models.shard_and_broadcast(model, None, None, torch.device("cpu"))
+    names = {id(t): name for name, t in model.named_buffers()}
+    assert [names[id(t)] for t in sent] == ["a_block.inv_freq", "rotary"]
+
+
+def test_hf_engine_eos_ids_agree_across_ranks(tiny_model_dir, tmp_path):
+    """Rank 0 loads the policy with `from_pretrained` (generation_config.json's EOS ids), the other
+    ranks build it on the meta device (config.json's): the engine reads generation_config.json
+    on every rank, so all ranks stop on the same tokens."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from aspo_lit.models import load_policy
+    from aspo_lit.rollout import HFEngine
+
+    path = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    extra = tokenizer.eos_token_id + 1  # as Qwen3: generation_config.json lists one more EOS id
+    GenerationConfig(eos_token_id=[tokenizer.eos_token_id, extra]).save_pretrained(path)
+    ids = []
+    for materialize in (True, False):  # rank 0, another rank
+        engine = HFEngine()
+        engine.attach(load_policy(str(path), materialize=materialize), tokenizer, path)
+        ids.append(engine.eos_token_ids)
+    assert ids[0] == ids[1] and extra in ids[1], ids
