@@ -37,6 +37,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
 from aspo_lit.callbacks import GracefulInterrupt, TrainingStats
+from aspo_lit.fp16 import check_precision, check_weights_dtype
 from aspo_lit.module import ASPOModule, rows_per_minibatch
 from aspo_lit.settings import check_positive_int
 from aspo_lit.step import updates_per_rollout
@@ -81,10 +82,15 @@ def check_config(cfg: Any) -> None:
         raise ConfigError(str(err)) from err
     precision = str(trainer.get("precision") or "")
     dtype = str(model.get("torch_dtype") or "float32")
+    try:  # fp16 compute trains only with fp32 master weights and the grad scaler (aspo_lit.fp16)
+        check_precision(precision)
+        check_weights_dtype(dtype)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     lr = model.get("lr")
-    if (precision.endswith("-true") and precision[:2] in ("bf", "16")) or dtype in ("bfloat16", "float16"):
+    if precision == "bf16-true" or dtype == "bfloat16":
         if lr is not None and lr < 1e-4:
-            half = precision if precision.endswith("-true") and precision[:2] in ("bf", "16") else dtype
+            half = precision if precision == "bf16-true" else dtype
             raise ConfigError(
                 f"half-precision weights ({'trainer.precision' if half == precision else 'model.torch_dtype'}={half}) "
                 f"cannot take AdamW steps of model.lr={lr}: most updates round away. Keep fp32 master weights "

@@ -28,6 +28,7 @@ from aspo_lit.forward import (
     response_logprobs,
     responses_from_prompts,
 )
+from aspo_lit.fp16 import check_precision, check_weights_dtype, fsdp_needs_grad_scaler
 from aspo_lit.losses import (
     KLKind,
     PolicyLoss,
@@ -135,8 +136,11 @@ class ASPOModule(LightningModule):
         gradient_checkpointing: recompute activations in the backward pass.
         torch_dtype: dtype of the loaded (master) weights and optimizer states. Keep ``float32``:
             bf16 compute comes from the strategy (`aspo_lit.strategy.FSDP2Strategy(param_dtype=
-            "bfloat16")`); pure bf16 weights do not move at the paper's lr of 1e-6.
-        max_nonfinite_steps: consecutive skipped (non-finite) optimizer steps before stopping.
+            "bfloat16")`); pure bf16 weights do not move at the paper's lr of 1e-6. fp16 weights
+            (``float16``, or ``auto`` on an fp16 checkpoint) are refused: fp16 compute is
+            ``param_dtype="float16"``, with the loss scaled by ``grad_scaler`` (`aspo_lit.fp16`).
+        max_nonfinite_steps: consecutive skipped (non-finite) optimizer steps before stopping; under
+            fp16, a step skipped for its scaled gradients' overflow counts only once the scale is 1.
         rollout_is_cap: truncated importance sampling against the sampler/trainer mismatch: each
             token's policy-gradient term is weighted by ``min(π_old / π_sampler, cap)`` (TRL's
             ``vllm_importance_sampling_correction``, verl's rollout IS); null (default) is off.
@@ -223,6 +227,7 @@ class ASPOModule(LightningModule):
         self.tokenizer = load_tokenizer(model_name_or_path)
         self._nonfinite_in_a_row = 0
         self.skipped_steps_total = 0
+        self.grad_scaler = None  # fp16 compute: torch's ShardedGradScaler, made in configure_model
         self.val_metrics = torch.nn.ModuleDict()  # validation avg@K / pass@K, created at the first batch
 
     # --- model construction -------------------------------------------------------------------
@@ -239,6 +244,8 @@ class ASPOModule(LightningModule):
         if self.policy is not None:
             return
         hp = self.hparams
+        if self._trainer is not None:
+            check_precision(self.trainer.precision)  # a Trainer built in Python; the CLI refused it already
         mesh = getattr(self, "device_mesh", None)
         if hp.share_prompt and mesh is not None:
             raise ValueError(
@@ -254,6 +261,12 @@ class ASPOModule(LightningModule):
         sharded = mesh is not None and self.trainer.world_size > 1
         materialize = not sharded or self.trainer.global_rank == 0
         mp_policy = getattr(self.trainer.strategy, "mp_policy", None) if mesh is not None else None
+        if fsdp_needs_grad_scaler(mp_policy):  # fp16 on the gradient's path: scale the loss (aspo_lit.fp16)
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            # verl's fp16 actor's scaler: from 2^16, halved on an overflow, doubled after 400 clean steps
+            self.grad_scaler = ShardedGradScaler(device=self.trainer.strategy.root_device.type, growth_interval=400,
+                                                 process_group=mesh["data_parallel"].get_group())
 
         def build(dtype):
             # one model at a time: rank 0 never holds the full policy and the full reference together
@@ -266,6 +279,7 @@ class ASPOModule(LightningModule):
 
         # from_pretrained returns eval mode; HF checkpointing only runs in train mode
         self.policy = build(hp.torch_dtype).train()
+        check_weights_dtype(next(self.policy.parameters()).dtype, f"{hp.torch_dtype} (a checkpoint stored in fp16)")
         if hp.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if hp.kl_coef > 0:
@@ -447,6 +461,8 @@ class ASPOModule(LightningModule):
         # counts equal on every rank (the finite flag is all-reduced): maxima over ranks
         counts = {"train/updates_per_rollout": Stat.max(len(minibatches)),
                   "train/skipped_steps": Stat.max(record.skipped_steps)}
+        if self.grad_scaler is not None:  # the scale the next rollout batch starts from (a checkpoint's)
+            counts["train/grad_scale"] = Stat.max(self.grad_scaler.get_scale())
         timings = {"timing/old_logprob_s": t_old, "timing/update_s": t_update}
         return self._step_output(batch, pre, record, counts, timings)
 
@@ -497,13 +513,13 @@ class ASPOModule(LightningModule):
                 # Never raise on one rank: the others would wait in the next collective.
                 # Run a zero backward (the same collectives as every rank) and skip the step.
                 finite = False
-                self.manual_backward(logprobs.nan_to_num(0.0, 0.0, 0.0).sum() * 0.0)
+                self._backward(logprobs.nan_to_num(0.0, 0.0, 0.0).sum() * 0.0)
                 continue
             advantages = self._loss_advantages(batch, old_logprobs, micro)
             loss, policy_loss, stats = self._micro_batch_loss(logprobs, old_logprobs[micro],
                                                               ref_logprobs[micro] if ref_logprobs is not None else None,
                                                               advantages, mask[micro], entropy[micro], normalizer)
-            self.manual_backward(loss)
+            self._backward(loss)
             minibatch_loss += float(policy_loss)
             finite &= bool(torch.isfinite(loss.detach()))
             record.stats.add_all({_metric_name(name, "train"): stat for name, stat in stats.items()})
@@ -561,32 +577,50 @@ class ASPOModule(LightningModule):
             stats = {**stats, "train/kl": Stat.mean_over(kl, where=mask)}
         return loss, policy_loss.detach(), stats
 
-    def _all_ranks_finite(self, finite: bool) -> bool:
-        """True only if every rank's loss and grad norm are finite, so all ranks skip a step together."""
+    def _backward(self, loss: Tensor) -> None:
+        """`manual_backward` of ``loss``, times the grad scaler's scale under fp16 compute."""
+        self.manual_backward(loss if self.grad_scaler is None else self.grad_scaler.scale(loss))
+
+    def _all_ranks_finite(self, *flags: bool) -> tuple[bool, ...]:
+        """Each flag, True only if it is True on every rank (one all-reduce), so all ranks skip a step together."""
         if self._trainer is None or self.trainer.world_size == 1:
-            return finite
-        bad = torch.tensor(0.0 if finite else 1.0, device=self.device)
-        return float(self.trainer.strategy.reduce(bad, reduce_op="sum")) == 0.0
+            return flags
+        bad = torch.tensor([0.0 if flag else 1.0 for flag in flags], device=self.device)
+        return tuple(bool(b == 0) for b in self.trainer.strategy.reduce(bad, reduce_op="sum"))
 
     def _clip_and_step(self, optimizer, finite: bool) -> float:
-        """Clip, then step only when loss and grad norm are finite on every rank (skip, count, stop after N in a row)."""
+        """Unscale (fp16: `grad_scaler`), clip, then step only when loss and grad norm are finite on
+        every rank (skip, count, stop after N in a row).
+
+        Under fp16 a step whose scaled gradients overflow is skipped on every rank and the scaler
+        halves its scale (the scaler all-reduces what it found). Such a skip counts towards
+        ``max_nonfinite_steps`` only once the scale is down to 1: a gradient that overflows unscaled
+        is a diverged run, one that overflows scaled is the scaler finding its level."""
+        scale = None
+        if self.grad_scaler is not None:
+            scale = self.grad_scaler.get_scale()
+            self.grad_scaler.unscale_(optimizer)
         params = [p for p in self.policy.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.hparams.max_grad_norm) if params else torch.tensor(0.0)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
-        if self._all_ranks_finite(finite and math.isfinite(grad_norm)):
+        loss_finite, grad_finite = self._all_ranks_finite(finite, math.isfinite(grad_norm))
+        if loss_finite and grad_finite:
             optimizer.step()
             self._nonfinite_in_a_row = 0
         else:
-            self._nonfinite_in_a_row += 1
             self.skipped_steps_total += 1
             grad_norm = float("nan")
+            if not (loss_finite and scale is not None and scale > 1):
+                self._nonfinite_in_a_row += 1
             if self._nonfinite_in_a_row >= self.hparams.max_nonfinite_steps:
                 raise NonFiniteTrainingError(
                     f"{self._nonfinite_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
                     f"norm (step {self.global_step}); lower model.lr, check the rewards, or use torch_dtype float32"
                 )
+        if self.grad_scaler is not None:
+            self.grad_scaler.update()
         optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
@@ -613,6 +647,8 @@ class ASPOModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["aspo_lit"] = {"skipped_steps_total": self.skipped_steps_total,
                                   "nonfinite_in_a_row": self._nonfinite_in_a_row, "seed": self.seed}
+        if self.grad_scaler is not None:  # equal on every rank: rank 0's copy is the run's
+            checkpoint["aspo_lit"]["grad_scaler"] = self.grad_scaler.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("aspo_lit", {})
@@ -620,6 +656,8 @@ class ASPOModule(LightningModule):
         self._nonfinite_in_a_row = state.get("nonfinite_in_a_row", 0)
         if state.get("seed") is not None:  # a resumed run keeps its own shuffles (seed_everything may be random)
             self.seed = int(state["seed"])
+        if self.grad_scaler is not None and state.get("grad_scaler"):  # configure_model made it
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
 
     def export_hf(self, out_dir: str) -> str:
         """Save the policy in HF format (`save_pretrained`) with its tokenizer, for vLLM evaluation."""
@@ -724,6 +762,7 @@ def _validate_hparams(args: dict[str, Any]) -> None:
     check_positive_int("model.max_tokens_per_micro_batch", args["max_tokens_per_micro_batch"], or_null=True)
     for key, hint in (("old_logprobs", OldLogprobs), ("kl_kind", KLKind), ("torch_dtype", TorchDType)):
         check_choice(f"model.{key}", args[key], hint)
+    check_weights_dtype(args["torch_dtype"])
     cap = args["rollout_is_cap"]
     if cap is not None and not cap > 0:
         raise ValueError(f"model.rollout_is_cap must be > 0 or null, got {cap!r}")

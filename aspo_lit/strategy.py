@@ -11,6 +11,10 @@ with `model.torch_dtype: float32` and keep `trainer.precision: 32-true`); FSDP2'
 `MixedPrecisionPolicy` casts each gathered layer to `param_dtype` (bf16) for compute and reduces
 gradients in `reduce_dtype` (fp32). Pure bf16 weights (`precision: bf16-true`) lose updates of
 lr 1e-6 to rounding: a bf16 weight of magnitude 0.02 changes only by steps of 2^-14.
+
+`param_dtype: float16` (or `reduce_dtype: float16`) is fp16 compute on the same fp32 master weights:
+`ASPOModule` then scales the loss with torch's `ShardedGradScaler` (`aspo_lit.fp16`; docs/gpu.md,
+"fp16 compute"), as verl's FSDP workers do for fp16.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ class FSDP2Strategy(ModelParallelStrategy):
     """Data parallelism over every process, FSDP2-sharded by the module, with a mixed-precision policy.
 
     Args:
-        param_dtype: compute dtype of the gathered weights (``bfloat16`` on GPU; ``None`` keeps the
-            weights' own dtype).
-        reduce_dtype: dtype of the gradient reduce-scatter (``float32``, as verl).
+        param_dtype: compute dtype of the gathered weights (``bfloat16`` on GPU; ``float16`` turns on
+            the module's grad scaler; ``None`` keeps the weights' own dtype).
+        reduce_dtype: dtype of the gradient reduce-scatter (``float32``, as verl; ``float16`` also
+            turns on the grad scaler).
         **kwargs: passed to `ModelParallelStrategy` (``save_distributed_checkpoint``,
             ``process_group_backend``, ``timeout``).
     """
