@@ -420,14 +420,24 @@ SHIPPED = {  # reference name: (its seeds, the command line of the config it was
 }
 
 
+#: Diagnostics added to the shipped configs after their references were made. They only log what the
+#: step already computed (no random numbers, no state, nothing the update reads), so the references'
+#: runs trained exactly what the configs train now (docs/metrics.md, "What the flip changes").
+LOGGING_ONLY = ("aspo_lit.callbacks.CounterfactualWeights",)
+
+
 def _without_per_run_keys(text: str) -> str:
     """A config without what differs by how it was run: the progress bar (the runs had
-    --trainer.enable_progress_bar=false) and the testbed's resolved folder."""
+    --trainer.enable_progress_bar=false), the testbed's resolved folder, and the diagnostics that
+    only log (`LOGGING_ONLY`)."""
     import yaml
+
+    def name(callback) -> str:
+        return str(callback.get("class_path", callback) if isinstance(callback, dict) else callback)
 
     cfg = yaml.safe_load(text)
     cfg["trainer"]["callbacks"] = [c for c in cfg["trainer"]["callbacks"]
-                                   if not str(c.get("class_path", c) if isinstance(c, dict) else c).endswith("ProgressBar")]
+                                   if not name(c).endswith("ProgressBar") and name(c) not in LOGGING_ONLY]
     cfg["trainer"].pop("enable_progress_bar", None)
     cfg["model"].pop("model_name_or_path", None)
     return yaml.safe_dump(cfg)

@@ -5,6 +5,7 @@ App. D). Extend with :class:`Diagnostic`; ``examples.py`` holds worked examples,
 
 from aspo_lit.callbacks.base import (
     Diagnostic,
+    global_cat,
     global_max,
     global_maxes,
     global_sum,
@@ -13,6 +14,7 @@ from aspo_lit.callbacks.base import (
     weighted_means,
 )
 from aspo_lit.callbacks.checkpoint import RunCheckpoint
+from aspo_lit.callbacks.counterfactual_weights import CounterfactualWeights
 from aspo_lit.callbacks.entropy import EntropyMonitor
 from aspo_lit.callbacks.entropy_mechanism import EntropyMechanism
 from aspo_lit.callbacks.health import HealthMonitor, assess_health
@@ -25,8 +27,8 @@ from aspo_lit.callbacks.training_stats import TrainingStats
 from aspo_lit.callbacks.val_before_train import ValBeforeTrain
 
 __all__ = [
-    "Diagnostic", "weighted_mean", "weighted_means", "global_max", "global_maxes", "global_sum", "reduce_stats",
-    "EntropyMonitor", "EntropyMechanism", "RepetitionDiagnostic", "TrainingStats", "HealthMonitor", "TokenWeightSurface",
+    "Diagnostic", "weighted_mean", "weighted_means", "global_cat", "global_max", "global_maxes", "global_sum", "reduce_stats",
+    "EntropyMonitor", "EntropyMechanism", "CounterfactualWeights", "RepetitionDiagnostic", "TrainingStats", "HealthMonitor", "TokenWeightSurface",
     "DiagnosticsProgressBar", "DiagnosticsTQDMProgressBar",
     "GracefulInterrupt", "RunCheckpoint", "RunSummary", "ValBeforeTrain", "assess_health", "bin_token_weights", "ngram_stats",
 ]

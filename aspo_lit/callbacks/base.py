@@ -18,9 +18,11 @@ reduced across ranks *before* it is logged: means weighted by their token or res
 (never a mean of per-rank means), maxima as maxima. The helpers below do that with one torchmetrics
 ``Metric`` per call (:class:`RankReduction`: the call's values as one vector state, synced over the
 process group on ``compute``, a single collective); with ``trainer=None`` or a single process they
-reduce locally. A NaN stays NaN (a rank's NaN statistic makes the global value NaN). Every rank must call
-the same helpers in the same order (they are collectives): never branch on rank-local data before
-a reduction. Side effects (figures, files, warnings) belong on rank 0 only (``trainer.is_global_zero``).
+reduce locally. Statistics no sum reduces exactly (quantiles, ranks) gather the tokens instead
+(:func:`global_cat`) and are computed on the whole batch on every rank. A NaN stays NaN (a rank's
+NaN statistic makes the global value NaN). Every rank must call the same helpers in the same order
+(they are collectives): never branch on rank-local data before a reduction. Side effects
+(figures, files, warnings) belong on rank 0 only (``trainer.is_global_zero``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 from aspo_lit.stats import Stat
 from aspo_lit.step import StepOutput
@@ -71,6 +74,35 @@ def _reduce(local: Tensor, reduce_fx: str, trainer: Optional[pl.Trainer]) -> Ten
     metric = RankReduction(local, reduce_fx, sync=trainer is not None and trainer.world_size > 1).to(local.device)
     metric.update(local)
     return metric.compute()
+
+
+class RankGather(Metric):
+    """Rows concatenated over all ranks, in rank order (``dist_reduce_fx="cat"``: torchmetrics pads
+    the ranks' different row counts, gathers once and trims)."""
+
+    full_state_update = False
+
+    def __init__(self, sync: bool) -> None:
+        super().__init__(sync_on_compute=sync)
+        self.add_state("rows", default=[], dist_reduce_fx="cat")
+
+    def update(self, rows: Tensor) -> None:
+        self.rows.append(rows)
+
+    def compute(self) -> Tensor:
+        return dim_zero_cat(self.rows)
+
+
+def global_cat(rows: Tensor, *, trainer: Optional[pl.Trainer] = None) -> Tensor:
+    """Every rank's ``rows`` (``[n_rank, k]``, any ``n_rank`` including 0) stacked in rank order,
+    on every rank (one gather). For statistics no sum reduces exactly (quantiles, ranks): each rank
+    then computes them on the whole batch, as one process would."""
+    if rows.dim() != 2:
+        raise ValueError(f"global_cat takes [n, k] rows, got shape {tuple(rows.shape)}")
+    device = trainer.strategy.root_device if trainer is not None else rows.device
+    metric = RankGather(sync=trainer is not None and trainer.world_size > 1).to(device)
+    metric.update(rows.detach().to(device))
+    return metric.compute().reshape(-1, rows.shape[1])
 
 
 def global_sum(values: Any, *, trainer: Optional[pl.Trainer] = None) -> Tensor:
