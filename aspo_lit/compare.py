@@ -25,7 +25,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from aspo_lit.bands import Cell, MetricBand, complete_windows, metric_band, prediction_k, summarize, window_medians
+from aspo_lit.configs import git_commit
 from aspo_lit.figures import WANDB_PREFIX, find_metrics_source, read_metrics
 
 # Paper Fig. 2's dynamics plus what moves first when an update is wrong (docs/metrics.md names them).
@@ -223,21 +223,6 @@ def _sha256(text: str | None) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest() if text is not None else None
 
 
-def git_commit() -> str:
-    """``git rev-parse HEAD`` of the checkout this package runs from (``+dirty`` when tracked files
-    changed), else ``unknown`` (an installed wheel)."""
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty else "")
-
-
 def shipped_references() -> list[str]:
     return sorted(p.stem for p in REFERENCES.glob("*.json")) if REFERENCES.is_dir() else []
 
@@ -265,6 +250,9 @@ def read_reference(name: str) -> dict:
         raise CompareError(f"reference {path}: cannot read it ({err})") from None
     if not isinstance(ref, dict) or ref.get("format") != FORMAT:
         raise CompareError(f"reference {path}: not an aspo-lit reference (its 'format' must be {FORMAT!r})")
+    if ref.get("kind", "run") != "run":
+        raise CompareError(f"reference {path}: a {ref.get('kind')!r} reference, not bands over runs' windows "
+                           "(a table's: python -m aspo_lit table1 --reference FILE; docs/evaluation.md)")
     if ref.get("version") != VERSION:
         raise CompareError(f"reference {path}: version {ref.get('version')!r}; this aspo-lit reads version {VERSION}")
     if ref.get("step_key") != STEP_KEY:

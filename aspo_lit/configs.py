@@ -1,4 +1,5 @@
-"""Where the shipped configs are: `conf/` of a checkout, or its copy inside the installed package.
+"""Where the shipped configs are: `conf/` of a checkout, or its copy inside the installed package;
+and the checkout's commit (`git_commit`), which reference files record.
 
 `python -m aspo_lit fit --config conf/aspo.yaml` names a path relative to the working directory. In
 a checkout that is the repository's `conf/`; after `pip install aspo-lit` (non-editable) there is no
@@ -8,6 +9,7 @@ such folder, and a missing `conf/...` path falls back to the same file shipped i
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 PACKAGED_CONF = Path(__file__).resolve().parent / "conf"
@@ -35,3 +37,18 @@ def resolve_config_args(argv: list[str]) -> list[str]:
             word = "--config=" + resolve_config(word.split("=", 1)[1])
         out.append(word)
     return out
+
+
+def git_commit() -> str:
+    """``git rev-parse HEAD`` of the checkout this package runs from (``+dirty`` when tracked files
+    changed), else ``unknown`` (an installed wheel)."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty else "")

@@ -3,13 +3,24 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from aspo_lit.eval.datasets import BENCHMARKS, load_benchmark
 from aspo_lit.eval.evaluate import evaluate_model, export_checkpoint, read_sample_records
-from aspo_lit.eval.tables import load_paper_table, render_table1
+from aspo_lit.eval.reference import (
+    PAPER_SOURCE,
+    REFERENCES,
+    ReferenceCell,
+    ReferenceError,
+    load_reference,
+    reference_from_csv,
+    verdict,
+)
+from aspo_lit.eval.tables import TABLES, load_paper_table, render_table1
+from aspo_lit.metrics import avg_at_k_se, pass_at_k_se
 from aspo_lit.prompts import INSTRUCTION, build_prompt
 from tests.engines import FakeEngine
 from tests.tolerance import approx64  # float64 maths on O(1)-O(100) values (docs/design.md, "Tolerances in tests")
@@ -84,6 +95,10 @@ def test_killed_evaluation_resumes_without_duplicates_or_losses(tmp_path, tiny_m
         correct[r["problem_id"]] = correct.get(r["problem_id"], 0) + r["correct"]
     assert resumed["arith"]["avg@k"] == approx64(100 * sum(correct.values()) / 24)
     assert resumed["arith"]["pass@k"] == approx64(100 * sum(c > 0 for c in correct.values()) / 6)
+    # and their standard errors, from the same counts (aspo_lit.metrics; tests/test_metrics.py)
+    counts = list(correct.values())
+    assert resumed["arith"]["avg@k_se"] == approx64(100 * avg_at_k_se(counts, 4).se)
+    assert resumed["arith"]["pass@k_se_problems"] == approx64(100 * pass_at_k_se(counts, 4).se_problems)
 
 
 def test_torn_last_line_is_dropped_and_resampled(tmp_path, tiny_model_dir, arith):
@@ -120,6 +135,20 @@ def test_finished_pair_is_not_recomputed(tmp_path, tiny_model_dir, arith):
         rows = list(csv.DictReader(f))
     assert rows[0]["benchmark"] == "arith" and float(rows[0]["avg@k"]) == approx64(first["arith"]["avg@k"])
     assert "| arith | 4 | 6 |" in (model_dir / "results.md").read_text()
+
+
+def test_a_finished_pair_without_ses_gets_them_from_its_records(tmp_path, tiny_model_dir, arith):
+    """A done.json written before the standard errors: they are computed from the records, nothing is
+    sampled again."""
+    bench, answers = arith
+    first, _ = _run(tiny_model_dir, bench, answers, tmp_path)
+    done_path = next(tmp_path.glob("*/arith.done.json"))
+    old = {k: v for k, v in json.loads(done_path.read_text()).items() if "_se" not in k}
+    done_path.write_text(json.dumps(old))
+    again, _ = _run(tiny_model_dir, bench, answers, tmp_path, engine=ExplodingEngine(answers))
+    assert again == first and again["arith"]["avg@k_se"] is not None
+    assert "| arith | 4 | 6 | " in (done_path.parent / "results.md").read_text() and " ± " in \
+        (done_path.parent / "results.md").read_text()
 
 
 def test_other_sampling_settings_are_not_mixed_in(tmp_path, tiny_model_dir, arith):
@@ -174,7 +203,8 @@ def test_render_table1_against_the_paper(tmp_path):
     assert "| Qwen3-4B | ASPO | 60.0 / 50.5 / +9.5 |" in markdown
     # the extra row keeps its own columns; no paper value, no delta
     extra = by_key[("testbed", "ASPO")]["cells"]
-    assert extra["arith_avg@8"] == {"ours": 42.0, "paper": None, "delta": None}
+    assert extra["arith_avg@8"] == {"ours": 42.0, "se": None, "paper": None, "paper_se": None, "delta": None,
+                                    "verdict": "missing", "why": "reference"}
     # CSV: same numbers, one column triple per paper column
     with open(tmp_path / "table1.csv") as f:
         table = list(csv.DictReader(f))
@@ -190,6 +220,152 @@ def test_render_table1_without_paper_shows_only_ours():
     assert [(r["base_model"], r["method"], r["status"]) for r in rows] == [
         ("testbed", "base", "ok"), ("testbed", "GRPO", "missing")]
     assert "| testbed | base | 10.0 |" in markdown and "aime24" not in markdown
+
+
+# --- standard errors and verdicts (docs/evaluation.md) -------------------------------------------
+
+def test_verdict_rule():
+    """ours ± 2·sqrt(se² + se_ref²), widened by half the reference's rounding; outside: above / below."""
+    assert verdict(50.0, 1.0, ReferenceCell(52.0)) == "consistent"                 # 2.0 <= 2·1
+    assert verdict(50.0, 1.0, ReferenceCell(52.04)) == "below"                     # 2.04 > 2·1
+    assert verdict(50.0, 1.0, ReferenceCell(52.04), resolution=0.1) == "consistent"   # <= 2 + 0.05
+    assert verdict(50.0, 1.0, ReferenceCell(52.1), resolution=0.1) == "below"
+    assert verdict(55.0, 1.0, ReferenceCell(52.0)) == "above"
+    # a reference's own SE combines with ours: sqrt(1² + 0.75²) = 1.25, half-width 2.5
+    assert verdict(50.0, 1.0, ReferenceCell(52.4, se=0.75)) == "consistent"
+    assert verdict(50.0, 1.0, ReferenceCell(52.4)) == "below"
+    assert verdict(50.0, 1.0, ReferenceCell(53.0, se=0.75)) == "below"
+    assert verdict(50.0, 0.0, ReferenceCell(50.0)) == "consistent"
+    with pytest.raises(ValueError, match="SE >= 0"):
+        verdict(50.0, float("nan"), ReferenceCell(50.0))
+
+
+def _reference_file(path, rows, table="table1", resolution=0.0):
+    data = {"format": "aspo-lit-reference", "version": 1, "kind": "table", "table": table, "source": "lab X",
+            "resolution": resolution, "band": {"k": 2.0},
+            "rows": [{"base_model": b, "method": m, "metrics": cells} for (b, m), cells in rows.items()]}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_cells_show_se_and_verdict_against_a_reference_file(tmp_path):
+    """Every cell: ours ± SE / reference ± SE / Δ and the verdict, in Markdown and CSV; the Avg's SE
+    propagated from its six cells; the verdicts' line counts them, missing ones by what is missing."""
+    ref = _reference_file(tmp_path / "ref.json", {
+        ("M", "a"): {"aime24_avg@64": {"mean": 30.0, "se": None}, "math500_avg@4": {"mean": 40.0, "se": 0.3},
+                     "math500_pass@4": {"mean": 60.0, "se": None}, "avg": {"mean": 20.0}},
+        ("M", "gone"): {"aime24_avg@64": {"mean": 1.0}}})
+    six = {"aime24_avg@64": 31.0, "aime25_avg@64": 10.0, "amc23_avg@64": 10.0, "math500_avg@4": 39.5,
+           "minerva_avg@8": 10.0, "olympiad_avg@4": 10.0}
+    errors = {"aime24_avg@64": 0.4, "aime25_avg@64": 1.0, "amc23_avg@64": 1.0, "math500_avg@4": 0.5,
+              "minerva_avg@8": 1.0, "olympiad_avg@4": 1.0, "aime24_pass@64": 2.0}
+    results = {("M", "a"): {**six, "aime24_pass@64": 70.0, "math500_pass@4": 58.0}}
+    markdown, rows = render_table1(results, errors={("M", "a"): errors}, reference=str(ref), out_dir=tmp_path,
+                                   missing={("M", "gone"): "not found: x.ckpt", ("M", "new"): "no ckpt"})
+    cells = {(r["method"], c): cell for r in rows for c, cell in r["cells"].items()}
+    assert cells[("a", "aime24_avg@64")]["verdict"] == "above"           # 1.0 > 2·0.4
+    assert cells[("a", "math500_avg@4")]["verdict"] == "consistent"      # 0.5 <= 2·sqrt(0.5² + 0.3²)
+    assert cells[("a", "math500_pass@4")] | {"delta": None} == {
+        "ours": 58.0, "se": None, "paper": 60.0, "paper_se": None, "delta": None, "verdict": "missing", "why": "se"}
+    assert cells[("a", "aime24_pass@64")]["why"] == "reference"
+    assert cells[("gone", "aime24_avg@64")]["why"] == "ours"
+    assert cells[("gone", "math500_avg@4")]["verdict"] is None           # not in the reference's row: no cell
+    assert {cell["why"] for c, cell in cells.items() if c[0] == "new"} == {"ours"}   # a row of ours: every column
+    avg = cells[("a", "avg")]
+    assert avg["ours"] == approx64(sum(six.values()) / 6)
+    assert avg["se"] == approx64(math.sqrt(sum(errors[c] ** 2 for c in six)) / 6)
+    assert avg["verdict"] == "below"                                     # 18.42 vs 20.0: 1.58 > 2·0.36
+    # the reference's columns first, then ours; a cell without a reference value shows ours ± SE only
+    assert ("| M | a | 31.0 ± 0.4 / 30.0 / +1.0 above | 39.5 ± 0.5 / 40.0 ± 0.3 / -0.5 consistent | "
+            "58.0 / 60.0 / -2.0 | 10.0 ± 1.0 |") in markdown
+    assert "| 70.0 ± 2.0 | 18.4 ± 0.4 / 20.0 / -1.6 below |" in markdown
+    assert "| M | gone | missing / 1.0 / — | — |" in markdown
+    # cells: a's 9 (4 avg@K and aime24_pass@64 without a reference value), gone's aime24_avg@64, new's 9
+    line = ("Verdicts against lab X (consistent: its value within ours ± 2 SE): 19 cells, 1 consistent, "
+            "2 inconsistent (1 above, 1 below), 16 missing (10 without a value of ours, 5 without a reference "
+            "value, 1 without an SE).")
+    assert markdown.rstrip().endswith(line)
+    with open(tmp_path / "table1.csv") as f:
+        row = next(r for r in csv.DictReader(f) if r["method"] == "a")
+    assert (row["aime24_avg@64_se"], row["aime24_avg@64_verdict"]) == ("0.4", "above")
+    assert (row["math500_avg@4_paper_se"], row["math500_pass@4_verdict"]) == ("0.3", "missing: no SE")
+    # without the layout: our rows and columns only, the same verdicts
+    markdown, _ = render_table1(results, compare_paper=False, errors={("M", "a"): errors}, reference=str(ref))
+    assert "| M | a | 31.0 ± 0.4 above | 10.0 ± 1.0 | 10.0 ± 1.0 | 39.5 ± 0.5 consistent |" in markdown
+    assert "gone" not in markdown
+
+
+def test_shipped_paper_references_are_the_papers_tables():
+    """aspo_lit/references/paper_table{1,2,3}.json hold every value of the paper's tables (the
+    package's CSV copies), no SE (single runs), 0.1-point rounding; a table is judged against them by
+    default."""
+    for name, spec in TABLES.items():
+        shipped = json.loads((REFERENCES / f"paper_{name}.json").read_text())
+        assert shipped == reference_from_csv(spec.paper_csv, name, PAPER_SOURCE[name]), name
+        columns, paper = load_paper_table(spec.paper_csv)
+        ref = load_reference(None, name)
+        assert ref.resolution == 0.1 and list(ref.rows) == list(paper) and ref.columns == columns
+        assert all(ref.cell(key, c) == ReferenceCell(v, None) for key, row in paper.items() for c, v in row.items())
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"format": "x"}, "not an aspo-lit reference"),
+    ({"kind": None}, "kind None, not 'table'"),
+    ({"table": "table2"}, "field 'table' is 'table2', not 'table1'"),
+    ({"resolution": -1}, "'resolution' must be a finite number >= 0"),
+    ({"rows": [{"base_model": "M", "method": "a", "metrics": {"avg": {"se": 1.0}}}]},
+     r"rows\[0\]\.metrics\['avg'\] lacks a numeric 'mean'"),
+    ({"rows": [{"base_model": "M", "method": "a", "metrics": {"avg": {"mean": 1.0, "se": -1}}}]},
+     r"rows\[0\]\.metrics\['avg'\]: 'se' must be a finite number >= 0"),
+    ({"rows": [{"base_model": "M", "metrics": {}}]}, r"rows\[0\] needs string 'base_model' and 'method'"),
+])
+def test_reference_file_errors_name_the_field(tmp_path, edit, message):
+    path = _reference_file(tmp_path / "ref.json", {("M", "a"): {"avg": {"mean": 1.0}}})
+    path.write_text(json.dumps({**json.loads(path.read_text()), **edit}))
+    with pytest.raises(ReferenceError, match=message) as err:
+        load_reference(str(path), "table1")
+    assert str(path) in str(err.value)
+    with pytest.raises(ReferenceError, match="no such file"):
+        load_reference(str(tmp_path / "nope.json"), "table1")
+
+
+def test_sample_size_table_in_the_docs_is_the_formula_at_the_papers_accuracies():
+    """docs/evaluation.md's table: A is the paper's value closest to 50 % (the 1.5B rows of Tables 1-2,
+    every row of Table 3), N = samples_for_halfwidth(A, 1.5 points), the half-width at the paper's P × K."""
+    import re
+
+    from aspo_lit.metrics import samples_for_halfwidth
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text()
+    table = text[text.index("| benchmark | paper's avg@K, 1.5B rows |"):]
+    lines = re.findall(r"^\| ([^|]+?) \| [\d.]+-[\d.]+ \| ([\d.]+) \| ([\d,]+) \| ([\d,]+) × (\d+) = [\d,]+ \| "
+                       r"±([\d.]+) \| (\d+) \|$", table, flags=re.M)
+    names = {"AIME24": "aime24", "AIME25": "aime25", "AMC23": "amc23", "MATH-500": "math500", "Minerva": "minerva",
+             "OlympiadBench": "olympiadbench", "LiveCodeBench v5": "lcb_v5", "LiveCodeBench v6": "lcb_v6",
+             "ARC-Challenge": "arc_challenge", "GPQA-Diamond": "gpqa_diamond", "MMLU-Pro": "mmlu_pro"}
+    assert len(lines) == len(names)
+    for label, used, n, problems, k, halfwidth, k_needed in lines:
+        name = names[label.split(" (")[0]]
+        spec = next(s for s in TABLES.values() if name in s.avg_benchmarks)
+        bench = BENCHMARKS[name]
+        _, paper = load_paper_table(spec.paper_csv)
+        column = bench.column if spec.single_figure else f"{bench.column}_avg@{bench.k}"
+        values = [row[column] for key, row in paper.items()
+                  if spec.single_figure or key[0] == "DeepSeek-R1-Distill-Qwen-1.5B"]
+        accuracy = min(values, key=lambda v: abs(v - 50)) / 100
+        assert float(used) == approx64(100 * accuracy, scale=100), label
+        assert int(n.replace(",", "")) == samples_for_halfwidth(accuracy, 0.015), label
+        problems, k = int(problems.replace(",", "")), int(k)
+        assert (problems, k) == (PAPER_COUNTS.get(name, problems), bench.k), label
+        assert float(halfwidth) == round(200 * math.sqrt(accuracy * (1 - accuracy) / (problems * k)), 1), label
+        assert int(k_needed) == math.ceil(samples_for_halfwidth(accuracy, 0.015) / problems), label
+
+
+def test_compare_refuses_a_table_reference():
+    from aspo_lit.compare import CompareError, read_reference
+
+    with pytest.raises(CompareError, match="a 'table' reference, not bands"):
+        read_reference("paper_table1")
 
 
 # --- benchmarks --------------------------------------------------------------------------------
@@ -292,7 +468,7 @@ def test_real_hf_engine_and_math_verify(tmp_path, tiny_model_dir, arith):
     assert result["arith"]["avg@k"] == approx64(100 * sum(r["correct"] for r in records) / 6)
 
 
-def test_table1_main_end_to_end(tmp_path, tiny_model_dir, monkeypatch):
+def test_table1_main_end_to_end(tmp_path, tiny_model_dir, monkeypatch, capsys):
     pytest.importorskip("aspo_lit.rollout.hf")
     import yaml
 
@@ -335,6 +511,22 @@ def test_table1_main_end_to_end(tmp_path, tiny_model_dir, monkeypatch):
     markdown = (tmp_path / "out" / "table1.md").read_text()
     assert "| tiny | base |" in markdown and "tiny / GRPO: missing" in markdown
     assert "aime24" not in markdown                            # compare_paper off: our columns only
+    assert float(status[("tiny", "base")]["arith_heldout_avg@2_se"]) >= 0
+    # the run as a reference file (others compare with it): our cells, their SEs and what they came from
+    published = json.loads((tmp_path / "out" / "table1.reference.json").read_text())
+    assert published["kind"] == "table" and "\nout_dir: out\n" in published["config"]["text"]
+    assert [(r["base_model"], r["method"]) for r in published["rows"]] == [("tiny", "base"), ("tiny", "ASPO")]
+    cell = published["rows"][0]["metrics"]["arith_heldout_avg@2"]
+    assert (cell["problems"], cell["k"], cell["n"]) == (3, 2, 1)
+    assert cell["mean"] == approx64(float(status[("tiny", "base")]["arith_heldout_avg@2"]), scale=100)
+    # the same run against it: every computed cell consistent (Δ = 0), the GRPO row's missing
+    capsys.readouterr()
+    assert main(["table1", "--config", "t1.yaml", "--compare_paper", "true",
+                 "--reference", "out/table1.reference.json"]) == 0
+    printed = capsys.readouterr().out.rstrip().splitlines()
+    assert printed[-2] == ("Verdicts against an aspo-lit table1 run (consistent: its value within ours ± 2 SE): "
+                           "7 cells, 4 consistent, 0 inconsistent (0 above, 0 below), 3 missing (3 without a "
+                           "value of ours, 0 without a reference value, 0 without an SE).")
 
 
 @pytest.mark.slow

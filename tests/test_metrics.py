@@ -8,12 +8,22 @@ import math
 import socket
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-from aspo_lit.metrics import AvgAtK, PassAtK, avg_at_k, pass_at_k
+from aspo_lit.metrics import (
+    AvgAtK,
+    PassAtK,
+    avg_at_k,
+    avg_at_k_se,
+    mean_se,
+    pass_at_k,
+    pass_at_k_se,
+    samples_for_halfwidth,
+)
 from tests.tolerance import approx64, gamma, reduction_tol, rounding_tol
 
 
@@ -167,3 +177,149 @@ def test_module_validation_logs_metrics_over_all_problems_per_run(tiny_model_dir
         rel = rounding_tol(torch.float32, 1) + rounding_tol(torch.float64, 40)
         assert logged["val/avg@4"] == pytest.approx(sum(counts) / (4 * len(counts)), rel=rel, abs=0)
         assert logged["val/pass@4"] == pytest.approx(sum(c > 0 for c in counts) / len(counts), rel=rel, abs=0)
+
+
+# --------------------------------------------------------------------------- standard errors
+# Exact expectations by enumerating every outcome of a few problems' K samples (the estimators'
+# derivations: aspo_lit/metrics.py), then Monte-Carlo checks at a realistic size within bounds
+# derived from the simulation's own spread.
+
+
+def _binomial(k: int, p: float) -> list[tuple[float, int]]:
+    """[(probability, c)] of c ~ Binomial(k, p)."""
+    return [(math.comb(k, c) * p ** c * (1 - p) ** (k - c), c) for c in range(k + 1)]
+
+
+def _mixture(k: int, population: list[tuple[float, float]]) -> list[tuple[float, int]]:
+    """[(probability, c)] of one problem drawn from ``population`` [(weight, p)], then k samples."""
+    dist = [0.0] * (k + 1)
+    for weight, p in population:
+        for prob, c in _binomial(k, p):
+            dist[c] += weight * prob
+    return [(prob, c) for c, prob in enumerate(dist)]
+
+
+def _expectations(per_problem: list[list[tuple[float, int]]], k: int, metric) -> tuple[float, float, float, float]:
+    """(Var of the metric's value, E[se²], E[se_problems²], E[value]) over every outcome."""
+    mean = second = se2 = sep2 = 0.0
+    for outcome in itertools.product(*per_problem):
+        prob = math.prod(p for p, _ in outcome)
+        got = metric([c for _, c in outcome], k)
+        mean += prob * got.value
+        second += prob * got.value ** 2
+        se2 += prob * got.se ** 2
+        sep2 += prob * got.se_problems ** 2
+    return second - mean ** 2, se2, sep2, mean
+
+
+def _u_bound(p: float, k: int) -> float:
+    """K p (1 - p)^(K-1) >= q(1 - q): pass@K's per-problem variance bound (aspo_lit/metrics.py)."""
+    return k * p * (1 - p) ** (k - 1)
+
+
+@pytest.mark.parametrize("ps, k", [((0.1, 0.5, 0.85), 3), ((0.02, 0.97), 4), ((0.3, 0.3, 0.6, 0.0), 2)])
+def test_avg_at_k_se_is_unbiased_with_the_problems_fixed(ps, k):
+    var, se2, sep2, mean = _expectations([_binomial(k, p) for p in ps], k, avg_at_k_se)
+    # the closed form of Var(A), the sum the estimator targets, and the enumeration agree
+    assert var == approx64(sum(p * (1 - p) for p in ps) / (k * len(ps) ** 2), scale=1.0)
+    assert se2 == approx64(var, scale=1.0)
+    assert mean == approx64(sum(ps) / len(ps))
+    spread = sum((p - sum(ps) / len(ps)) ** 2 for p in ps) / (len(ps) - 1)
+    assert sep2 == approx64(var + spread / len(ps), scale=1.0)   # the problems' spread on top
+
+
+def test_se_problems_is_unbiased_over_a_population_of_problems():
+    """Problems drawn from a population (two kinds: p = 0.2 or 0.9), K samples each: both levels of
+    variance, σ_b²/P + σ_w²/(P K), and both metrics' ``se_problems²`` is unbiased for it."""
+    population, k, problems = [(0.3, 0.2), (0.7, 0.9)], 2, 3
+    sigma_b2 = sum(w * p * p for w, p in population) - sum(w * p for w, p in population) ** 2
+    sigma_w2 = sum(w * p * (1 - p) for w, p in population)
+    var, _, sep2, _ = _expectations([_mixture(k, population)] * problems, k, avg_at_k_se)
+    assert var == approx64(sigma_b2 / problems + sigma_w2 / (problems * k), scale=1.0)
+    assert sep2 == approx64(var, scale=1.0)
+    var, _, sep2, _ = _expectations([_mixture(k, population)] * problems, k, pass_at_k_se)
+    assert sep2 == approx64(var, scale=1.0)
+
+
+@pytest.mark.parametrize("ps, k", [((0.05, 0.3, 0.9), 3), ((0.01, 0.5), 4), ((0.2, 0.0, 1.0), 5)])
+def test_pass_at_k_se_is_an_unbiased_upper_bound(ps, k):
+    var, se2, _, mean = _expectations([_binomial(k, p) for p in ps], k, pass_at_k_se)
+    assert mean == approx64(sum(1 - (1 - p) ** k for p in ps) / len(ps))
+    assert se2 == approx64(sum(_u_bound(p, k) for p in ps) / len(ps) ** 2, scale=1.0)
+    assert se2 >= var
+
+
+@pytest.mark.parametrize("p, k", [(0.01, 4), (0.002, 16), (0.05, 2)])
+def test_pass_at_k_se_bound_is_tight_for_rarely_solved_problems(p, k):
+    """U / q(1-q) = K p / ((1-p) q) <= 1 / ((1-p)(1 - (K-1)p/2)), since q >= K p - C(K,2) p²
+    (Bonferroni): the bound is within that factor of the true variance when K p is small."""
+    var, se2, _, _ = _expectations([_binomial(k, p)] * 2, k, pass_at_k_se)
+    assert var <= se2 <= var / ((1 - p) * (1 - (k - 1) * p / 2))
+
+
+def _simulate(ps: np.ndarray, k: int, replications: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).binomial(k, ps, size=(replications, ps.size))
+
+
+def _mc_bound(terms: np.ndarray, z: float = 4.0) -> float:
+    """z Monte-Carlo standard errors of the mean of ``terms`` (z = 4: a false failure at 6e-5 per
+    check, and the draws are seeded)."""
+    return z * terms.std(ddof=1) / math.sqrt(terms.size)
+
+
+@pytest.mark.parametrize("metric, unbiased", [(avg_at_k_se, True), (pass_at_k_se, False)])
+def test_se_matches_the_spread_of_simulated_evaluations(metric, unbiased):
+    """4,000 evaluations of one benchmark (40 problems, K = 8, p_i spread over [0, 1] with many rarely
+    solved): the mean of se² against the values' variance, both Monte-Carlo estimates; their
+    difference has mean 0 (avg@K, unbiased) or <= 0 (pass@K, an upper bound)."""
+    k, replications = 8, 4000
+    ps = np.random.default_rng(0).beta(0.4, 0.6, size=40)
+    draws = [metric(c, k) for c in _simulate(ps, k, replications, seed=1)]
+    values = np.array([d.value for d in draws])
+    se2 = np.array([d.se ** 2 for d in draws])
+    diff = se2 - (values - values.mean()) ** 2 * replications / (replications - 1)
+    if unbiased:
+        assert abs(diff.mean()) <= _mc_bound(diff)
+    else:
+        assert diff.mean() >= -_mc_bound(diff)
+    exact = (ps * (1 - ps) / k).sum() / ps.size ** 2 if unbiased else \
+        (((1 - ps) ** k) * (1 - (1 - ps) ** k)).sum() / ps.size ** 2
+    assert abs(values.var(ddof=1) - exact) <= _mc_bound((values - values.mean()) ** 2)
+
+
+def test_se_problems_matches_a_seeded_bootstrap_over_problems():
+    """The closed form against what a bootstrap over problems estimates, (P-1)/P · se_problems², within
+    the bootstrap's own Monte-Carlo error."""
+    k, resamples = 16, 8000
+    counts = _simulate(np.random.default_rng(2).beta(0.5, 0.5, size=30), k, 1, seed=3)[0]
+    rng = np.random.default_rng(4)
+    picks = rng.integers(0, counts.size, size=(resamples, counts.size))
+    for metric in (avg_at_k_se, pass_at_k_se):
+        boot = np.array([metric(counts[i], k).value for i in picks])
+        spread = (boot - boot.mean()) ** 2
+        expected = (counts.size - 1) / counts.size * metric(counts, k).se_problems ** 2
+        assert abs(spread.mean() - expected) <= _mc_bound(spread), metric.__name__
+
+
+def test_se_edge_cases_and_errors():
+    assert avg_at_k_se([0, 4, 4], 4).se == 0.0             # every problem always or never solved
+    one = avg_at_k_se([1, 0, 1], 1)                         # K = 1: the conservative se_problems
+    assert one.se == one.se_problems == approx64(math.sqrt(1 / 3 / 3))
+    assert math.isnan(avg_at_k_se([2], 4).se_problems)      # one problem: no spread between problems
+    assert pass_at_k_se([1, 1, 0, 3], 4).se == approx64(math.sqrt(2) / 4)
+    assert pass_at_k_se(torch.tensor([1, 2]), 4).value == 1.0
+    for bad, match in [(([1, 5], 4), r"integers in \[0, k=4\]"), (([], 4), "non-empty"),
+                       (([1.5], 4), "integers"), (([1], 0), "k .* must be an int >= 1"),
+                       (([[1, 2]], 4), "non-empty list")]:
+        with pytest.raises(ValueError, match=match):
+            avg_at_k_se(*bad)
+
+
+def test_mean_se_and_samples_for_halfwidth():
+    assert mean_se([0.03, 0.04]) == approx64(0.025)         # sqrt(0.0009 + 0.0016) / 2
+    assert math.isnan(mean_se([0.01, None]))
+    # 2 SE <= 1.5 points at A = 50 %: 4 · 0.25 / 0.015² = 4444.4
+    assert samples_for_halfwidth(0.5, 0.015) == 4445
+    assert samples_for_halfwidth(0.836, 0.015) == math.ceil(4 * 0.836 * 0.164 / 0.015 ** 2)
+    worst = 0.836 * 0.164 / samples_for_halfwidth(0.836, 0.015)
+    assert 2 * math.sqrt(worst) <= 0.015                    # the bound it promises

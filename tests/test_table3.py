@@ -3,6 +3,7 @@ upstream row formats, resume after a kill, Table 3 beside the paper, the tiny pr
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -304,21 +305,30 @@ def test_render_table3_against_the_paper(tmp_path):
                                    "gpqa_diamond_avg@8": 20.0, "gpqa_diamond_pass@8": 60.0,
                                    "mmlu_pro_avg@4": 30.0, "mmlu_pro_pass@4": 50.0},
             ("Qwen3-4B", "mine"): {"arc_challenge_avg@4": 10.0}}
-    markdown, rows = render_table(ours, "table3", compare_paper=True, out_dir=tmp_path,
+    # SEs ride with their columns through the renaming to the paper's single accuracy column
+    errors = {("Qwen3-4B", "base"): {"arc_challenge_avg@4": 3.0, "gpqa_diamond_avg@8": 4.0, "mmlu_pro_avg@4": 0.5,
+                                     "gpqa_diamond_pass@8": 2.0}}
+    markdown, rows = render_table(ours, "table3", compare_paper=True, out_dir=tmp_path, errors=errors,
                                   missing={("Qwen3-4B", "ASPO"): "not found: runs/x.ckpt"})
     by_key = {(r["base_model"], r["method"]): r for r in rows}
     base = by_key[("Qwen3-4B", "base")]
-    assert base["cells"]["arc_challenge"] == {"ours": 70.0, "paper": 74.7, "delta": approx64(-4.7)}
+    # |70.0 - 74.7| = 4.7 <= 2·3.0 + 0.05 (the paper's rounding)
+    assert base["cells"]["arc_challenge"] == {"ours": 70.0, "se": 3.0, "paper": 74.7, "paper_se": None,
+                                              "delta": approx64(-4.7), "verdict": "consistent", "why": ""}
+    assert base["cells"]["mmlu_pro"]["verdict"] == "below"       # 30.0 vs 31.5: 1.5 > 2·0.5 + 0.05
     assert base["cells"]["avg"]["ours"] == approx64(40.0)
     assert base["cells"]["avg"]["delta"] == approx64(-0.2)
-    assert base["cells"]["gpqa_diamond_pass@8"] == {"ours": 60.0, "paper": None, "delta": None}
+    assert base["cells"]["avg"]["se"] == approx64(math.sqrt(3.0 ** 2 + 4.0 ** 2 + 0.5 ** 2) / 3)
+    assert base["cells"]["gpqa_diamond_pass@8"] == {"ours": 60.0, "se": 2.0, "paper": None, "paper_se": None,
+                                                    "delta": None, "verdict": "missing", "why": "reference"}
     assert by_key[("Qwen3-4B", "ASPO")]["status"] == "missing"
     assert by_key[("Qwen3-8B", "GRPO")]["reason"] == "not evaluated"
     assert by_key[("Qwen3-4B", "mine")]["cells"]["avg"]["ours"] is None   # not all three
     assert list(by_key)[:6] == list(paper)                               # the paper's row order
     header = markdown.splitlines()[0]
     assert header.index("arc_challenge") < header.index("arc_challenge_pass@4") < header.index("| avg |")
-    assert "70.0 / 74.7 / -4.7" in markdown and "not found: runs/x.ckpt" in markdown
+    assert "70.0 ± 3.0 / 74.7 / -4.7 consistent" in markdown and "not found: runs/x.ckpt" in markdown
+    assert "| 60.0 ± 2.0 |" in markdown                                  # pass@K: no paper value, no verdict
     assert (tmp_path / "table3.md").is_file() and (tmp_path / "table3.csv").is_file()
 
 

@@ -31,7 +31,7 @@ import torch
 from aspo_lit.eval.choice import GPQA_SHUFFLE_SEED, PROMPT_FORMAT, ChoiceReward, encode_choice_prompt, extract_choice
 from aspo_lit.eval.datasets import TABLE1_BENCHMARKS, Benchmark, get_benchmark, load_benchmark
 from aspo_lit.eval.records import model_fingerprint, model_tag, pin_settings, read_done, read_sample_records, write_json
-from aspo_lit.eval.results import RESULT_FIELDS, benchmark_metrics, write_model_results  # noqa: F401 (old home)
+from aspo_lit.eval.results import RESULT_FIELDS, SE_FIELDS, benchmark_metrics, write_model_results  # noqa: F401 (old home)
 from aspo_lit.export import export_checkpoint, is_checkpoint, load_checkpoint  # noqa: F401 (old home)
 from aspo_lit.models import load_tokenizer, resolve_model_path
 from aspo_lit.prompts import encode_code_prompt, encode_prompt
@@ -248,9 +248,10 @@ def _evaluate_benchmark(run, bench, rows, k, sampling, samples_per_call) -> dict
     meta = {**run.meta_for(bench), **_grading_meta(run, bench, rows), **sampling}
     pin_settings(out / f"{bench.name}.meta.json", meta)
     done = read_done(done_path, k, ids_sha1)
-    if done is not None:
+    if done is not None and all(field in done for field in SE_FIELDS):
         log.info("%s: %s already evaluated (%s), not recomputed", out.name, bench.name, done_path)
         return done
+    # a done.json from before the standard errors: its records give them, nothing is sampled again
 
     samples_path = out / f"{bench.name}.samples.jsonl"
     records = read_sample_records(samples_path)
@@ -273,6 +274,7 @@ def _evaluate_benchmark(run, bench, rows, k, sampling, samples_per_call) -> dict
     metrics = benchmark_metrics(counts, k)
     done = {"benchmark": bench.name, "column": bench.column, "k": k, "n_problems": len(rows),
             "avg@k": metrics["avg@k"], "pass@k": metrics["pass@k"],
+            **{field: metrics[field] for field in SE_FIELDS},
             f"{bench.column}_avg@{k}": metrics["avg@k"],
             f"{bench.column}_pass@{k}": metrics["pass@k"],
             "mean_response_tokens": sum(tokens) / max(len(tokens), 1),

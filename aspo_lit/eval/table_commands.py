@@ -15,6 +15,7 @@ from typing import Any, Literal
 from aspo_lit.eval.choice import write_fixture
 from aspo_lit.eval.datasets import get_benchmark, load_benchmark
 from aspo_lit.eval.evaluate import SAMPLING_DEFAULTS, benchmark_spec, evaluate_model, failure_reason, setup_logging
+from aspo_lit.eval.reference import load_reference, table_reference_json, write_reference
 from aspo_lit.eval.tables import lcb_tests_note, render_table
 from aspo_lit.export import is_checkpoint
 from aspo_lit.testbed import PROFILES, arithmetic, tiny_code
@@ -31,18 +32,22 @@ def evaluate_table(config: dict, compare_paper: bool | None = None, only: list[s
     Each (model, benchmark) cell is computed or marked missing on its own, with its reason: every
     benchmark is loaded once, before any model, and one that does not load (hub unreachable, no
     local file) or whose evaluation fails leaves only its own cells missing. The table's last line
-    counts the cells (`count_cells`). Returns (markdown, rows) of `render_table`; a row's status is
-    "ok", "incomplete" (its model was evaluated, some cells are missing) or "missing" (no model)."""
+    counts the cells (`count_cells`), the line before it the verdicts against the reference
+    (`config["reference"]`: a reference file or shipped name, default the paper's; docs/evaluation.md).
+    Our run is written as a reference too, `<out_dir>/<table>.reference.json`, for others to compare with.
+    Returns (markdown, rows) of `render_table`; a row's status is "ok", "incomplete" (its model was
+    evaluated, some cells are missing) or "missing" (no model)."""
     table = table or config.get("table", "table1")
     root = Path(root or Path.cwd())
     out_dir = Path(config.get("out_dir", f"runs/{table}"))
     out_dir = out_dir if out_dir.is_absolute() else root / out_dir
     compare = config.get("compare_paper", False) if compare_paper is None else compare_paper
+    reference = load_reference(config.get("reference"), table)   # a bad file fails before any evaluation
     sampling = {**SAMPLING_DEFAULTS, **(config.get("sampling") or {})}
     specs = [benchmark_spec(spec, config.get("k"))
              for spec in prepare_benchmark_files(list(config["benchmarks"]), out_dir)]
     loaded, unavailable = load_table_benchmarks(specs, config.get("data_dir"))
-    results, missing, failed_cells, graded = {}, {}, {}, {}
+    results, missing, failed_cells, graded, errors, details = {}, {}, {}, {}, {}, {}
     hub_unreachable, n_rows = False, 0
     for row in config["rows"]:
         key = (row["base_model"], row["method"])
@@ -82,6 +87,7 @@ def evaluate_table(config: dict, compare_paper: bool | None = None, only: list[s
         computed = table_columns(per_bench)   # in the config's benchmark order, missing cells as None
         ordered = {column: computed.get(column) for spec in specs for column in _columns_of(specs, spec["name"])}
         results[key] = {**ordered, **computed}
+        errors[key], details[key] = table_errors(per_bench), table_details(per_bench)
         failed_cells[key] = {spec["name"]: failed[spec["name"]] for spec in specs if spec["name"] in failed}
         for name, done in per_bench.items():
             settings = done.get("settings") or {}
@@ -93,10 +99,14 @@ def evaluate_table(config: dict, compare_paper: bool | None = None, only: list[s
         note = lcb_tests_note(graded)
     missing_cells = {key: {column: f"{name}: {why}" for name, why in failed.items()
                            for column in _columns_of(specs, name)} for key, failed in failed_cells.items()}
-    return render_table(results, table, compare_paper=compare, missing=missing, out_dir=out_dir,
-                        note=note, missing_cells=missing_cells,
-                        footer=count_cells(n_rows * len(specs), len(missing) * len(specs),
-                                           sum(len(failed) for failed in failed_cells.values())))
+    markdown, rows = render_table(results, table, compare_paper=compare, missing=missing, out_dir=out_dir,
+                                  note=note, missing_cells=missing_cells, errors=errors, reference=reference,
+                                  footer=count_cells(n_rows * len(specs), len(missing) * len(specs),
+                                                     sum(len(failed) for failed in failed_cells.values())))
+    ours = [row for row in rows if (row["base_model"], row["method"]) in results]
+    write_reference(table_reference_json(ours, table, f"an aspo-lit {table} run", config=config, details=details),
+                    out_dir / f"{table}.reference.json")
+    return markdown, rows
 
 
 def table_columns(results: dict[str, dict]) -> dict[str, float]:
@@ -106,6 +116,23 @@ def table_columns(results: dict[str, dict]) -> dict[str, float]:
         columns[f"{r['column']}_avg@{r['k']}"] = r["avg@k"]
         columns[f"{r['column']}_pass@{r['k']}"] = r["pass@k"]
     return columns
+
+
+def table_errors(results: dict[str, dict]) -> dict[str, float | None]:
+    """The SEs of `table_columns`' cells (percent; None where the results hold none)."""
+    errors = {}
+    for r in results.values():
+        for metric in ("avg", "pass"):
+            errors[f"{r['column']}_{metric}@{r['k']}"] = r.get(f"{metric}@k_se")
+    return errors
+
+
+def table_details(results: dict[str, dict]) -> dict[str, dict]:
+    """What each cell's SE was computed from, for the run's reference file: {column: {problems, k,
+    se_problems}} (`se_problems`: with the problems drawn from a population too; aspo_lit.metrics)."""
+    return {f"{r['column']}_{metric}@{r['k']}": {"problems": r["n_problems"], "k": r["k"],
+                                                  "se_problems": r.get(f"{metric}@k_se_problems")}
+            for r in results.values() for metric in ("avg", "pass")}
 
 
 def load_table_benchmarks(specs: list[dict], data_dir=None) -> tuple[list[dict], dict[str, str]]:
@@ -212,14 +239,16 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
           sampling: dict[str, Any] | None = None, samples_per_call: int = 1024,
           code_reward: dict[str, Any] | None = None, system_prompt: str | None = None,
           note: str | None = None, dtype: Literal["bfloat16", "float16", "float32"] | None = None,
-          only: list[str] | None = None, math_reward: dict[str, Any] | None = None) -> int:
+          only: list[str] | None = None, math_reward: dict[str, Any] | None = None,
+          reference: str | None = None) -> int:
     """Evaluate a table config's rows (missing models are reported, not fabricated) and print the
     table beside the paper's: Table 1 (math), Table 2 (LiveCodeBench, in the code sandbox) or
     Table 3 (ARC-Challenge, GPQA-Diamond, MMLU-Pro: lettered options, last boxed letter).
 
-    Each (model, benchmark) cell is computed or marked missing with its reason; the last line
-    printed counts them. Exit status 0 when every cell of every available model was computed
-    (rows whose model is not there yet are listed as missing), 1 when a benchmark did not load
+    Each (model, benchmark) cell is computed or marked missing with its reason, and shown with its
+    standard error and its verdict against the reference (docs/evaluation.md); the last two lines
+    printed count the verdicts and the cells. Exit status 0 when every cell of every available
+    model was computed (rows whose model is not there yet are listed as missing), 1 when a benchmark did not load
     or an evaluation failed (the table is still written, with those cells missing).
 
     Args:
@@ -246,6 +275,9 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
         only: evaluate only rows whose 'base_model/method' contains one of these.
         math_reward: MathReward arguments for math benchmarks, e.g. {verifier: either}
             (default: MathReward(); docs/grading.md).
+        reference: the values each cell is judged against: a table reference file (another lab's
+            <table>.reference.json) or a shipped name; default the paper's (aspo_lit/references/
+            paper_<table>.json). With compare_paper, its rows, values and deltas are laid out.
     """
     setup_logging()
     config = {key: value for key, value in locals().items() if key not in ("only", "table")}
@@ -253,9 +285,11 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
     markdown, rendered = evaluate_table(config, compare_paper=compare_paper, only=only, table=table)
     print(markdown)
     folder = Path(config["out_dir"])
-    print(f"written: {folder / f'{table}.md'}, {folder / f'{table}.csv'}; per-model results under "
-          f"{folder / 'models'}")
-    print(markdown.rstrip().splitlines()[-1])   # the count of computed and missing cells, last
+    print(f"written: {folder / f'{table}.md'}, {folder / f'{table}.csv'}, {folder / f'{table}.reference.json'}; "
+          f"per-model results under {folder / 'models'}")
+    lines = markdown.rstrip().splitlines()
+    print(next(line for line in reversed(lines) if line.startswith("Verdicts against")))
+    print(lines[-1])   # the count of computed and missing cells, last
     return 1 if any(r["status"] == "incomplete" for r in rendered) else 0
 
 

@@ -1,11 +1,14 @@
 """Tables 1 (math), 2 (code) and 3 (out of domain) of the paper, recomputed, beside the paper's own
 numbers.
 
-The paper's figures (aspo_lit/eval/data/table1.csv, table2.csv, table3.csv, copied from the paper) fix the
-layout: its columns in order, its rows in order. Each cell shows ours / paper / Δ (ours − paper).
-Rows of ours that the paper does not have are appended; paper rows we have no results for are
-listed as "missing" with the reason — never filled in. A row of ours whose benchmark could not be
-loaded or evaluated is "incomplete": its other cells are shown, those are "missing" with the reason.
+The reference's figures (default: the paper's, aspo_lit/references/paper_table{1,2,3}.json, made from
+aspo_lit/eval/data/table*.csv, copied from the paper; ``aspo_lit.eval.reference``) fix the layout: its
+columns in order, its rows in order. Each cell shows ours ± SE / reference / Δ (ours − reference) and
+the verdict, consistent, above or below (docs/evaluation.md, "Standard errors and verdicts"); a line
+under the table counts the verdicts. Rows of ours that the reference does not have are appended;
+reference rows we have no results for are listed as "missing" with the reason — never filled in. A
+row of ours whose benchmark could not be loaded or evaluated is "incomplete": its other cells are
+shown, those are "missing" with the reason.
 
 Table 3 gives one accuracy per benchmark (column ``arc_challenge``, ...) and no K: our avg@K (the
 mean accuracy over K samples, an estimate of the same single-sample accuracy whatever K is) fills
@@ -15,10 +18,13 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from aspo_lit.eval.datasets import BENCHMARKS, TABLE1_BENCHMARKS, TABLE2_BENCHMARKS, TABLE3_BENCHMARKS
+from aspo_lit.eval.reference import VERDICTS, ReferenceCell, TableReference, load_reference, verdict
+from aspo_lit.metrics import mean_se
 
 PAPER_TABLE1 = Path(__file__).with_name("data") / "table1.csv"
 PAPER_TABLE2 = Path(__file__).with_name("data") / "table2.csv"
@@ -111,54 +117,84 @@ def table2_avg(values: dict) -> float | None:
     return table_avg(values, TABLE2_BENCHMARKS)
 
 
+def table_avg_se(values: dict, errors: dict, benchmarks=TABLE1_BENCHMARKS) -> float | None:
+    """The SE of ``table_avg(values)``: the benchmarks' avg@K are separate samples, so independent,
+    and the SE of their mean is ``sqrt(Σ SE²) / B`` (``aspo_lit.metrics.mean_se``); None unless every
+    cell the mean uses has an SE."""
+    ses = []
+    for name in benchmarks:
+        prefix = f"{BENCHMARKS[name].column}_avg@"
+        cells = [c for c, v in values.items() if c.startswith(prefix) and v is not None]
+        if not cells or errors.get(cells[0]) is None:
+            return None
+        ses.append(errors[cells[0]])
+    se = mean_se(ses)
+    return se if math.isfinite(se) else None
+
+
 def render_table2(results: dict, compare_paper: bool = True, missing: dict | None = None,
-                  out_dir=None, paper_csv=PAPER_TABLE2, digits: int = 1, note: str | None = None):
+                  out_dir=None, paper_csv=None, digits: int = 1, note: str | None = None, **kwargs):
     """Render Table 2 (code: LiveCodeBench v5 avg@8 / pass@8, v6 avg@16 / pass@16, avg), with
     ``note`` under it (``lcb_tests_note``: which tests were graded). Same arguments and return
-    value as ``render_table1``; files ``table2.md`` / ``table2.csv``."""
-    return render_table(results, "table2", compare_paper, missing, out_dir, paper_csv, digits, note)
+    value as ``render_table``; files ``table2.md`` / ``table2.csv``."""
+    return render_table(results, "table2", compare_paper, missing, out_dir, paper_csv, digits, note, **kwargs)
 
 
 def render_table1(results: dict, compare_paper: bool = True, missing: dict | None = None,
-                  out_dir=None, paper_csv=PAPER_TABLE1, digits: int = 1):
+                  out_dir=None, paper_csv=None, digits: int = 1, **kwargs):
     """Render Table 1 (see ``render_table``)."""
-    return render_table(results, "table1", compare_paper, missing, out_dir, paper_csv, digits)
+    return render_table(results, "table1", compare_paper, missing, out_dir, paper_csv, digits, **kwargs)
 
 
 def render_table(results: dict, table: str = "table1", compare_paper: bool = True,
                  missing: dict | None = None, out_dir=None, paper_csv=None, digits: int = 1,
-                 note: str | None = None, missing_cells: dict | None = None, footer: str | None = None):
-    """Render one of the paper's tables (``table1``, ``table2`` or ``table3``).
+                 note: str | None = None, missing_cells: dict | None = None, footer: str | None = None,
+                 errors: dict | None = None, reference=None):
+    """Render one of the paper's tables (``table1``, ``table2`` or ``table3``), each cell with its
+    standard error and its verdict against a reference (docs/evaluation.md, "Standard errors and
+    verdicts").
 
     results: {(base_model, method): {column: value (percent)}}; "avg" is computed when absent.
+    errors: {(base_model, method): {column: SE (percent)}} of those values (``aspo_lit.metrics``:
+    response sampling on the benchmark's problems); avg's is propagated (``table_avg_se``).
     missing: {(base_model, method): reason} for rows that could not be evaluated (no model).
     missing_cells: {(base_model, method): {column: reason}} for cells of an evaluated row that
     could not be computed (the row is then "incomplete").
-    compare_paper: include the paper's rows, values and deltas; else only our rows, and only
-    the columns that hold a value or a missing cell.
+    reference: what every cell of ours is judged against (``load_reference``): a
+    ``TableReference``, a reference file or a shipped name; default the paper's values
+    (``paper_csv``: the paper's CSV instead).
+    compare_paper: lay out the reference's rows, values and deltas; else only our rows, and only
+    the columns that hold a value or a missing cell (verdicts are given either way).
     out_dir: when given, also write <out_dir>/<table>.md and <table>.csv.
     note: a caveat printed under the table (default: the table's own, if any).
-    footer: the last line (``evaluate_table``: the count of computed and missing cells).
+    footer: the last line (``evaluate_table``: the count of computed and missing cells); the count of
+    verdicts (``count_verdicts``) comes before it.
     Returns (markdown, rows); each row is {"base_model", "method", "status" ("ok" | "incomplete" |
-    "missing"), "reason", "missing_cells": {column: reason}, "cells": {column: {"ours", "paper",
-    "delta"}}}.
+    "missing"), "reason", "missing_cells": {column: reason}, "cells": {column: {"ours", "se",
+    "paper", "paper_se", "delta", "verdict", "why"}}}: "paper" is the reference's value; "verdict"
+    is "consistent", "above", "below" (ours higher / lower), "missing" ("why": "ours", "reference",
+    "se": what it lacks) or None (no cell: neither side has it).
     """
     spec = TABLES[table]
-    paper_csv = paper_csv or spec.paper_csv
     note = spec.note if note is None else note
+    ref = load_reference(reference, table, paper_csv)
     missing = {tuple(k): reason for k, reason in (missing or {}).items()}
     missing_cells = {tuple(k): dict(cells) for k, cells in (missing_cells or {}).items() if cells}
-    paper_columns, paper = load_paper_table(paper_csv) if compare_paper else ([], {})
-    ours = {}
+    errors = {tuple(k): dict(v) for k, v in (errors or {}).items()}
+    ours, ours_se = {}, {}
     for key, values in results.items():
-        values = dict(values)
+        key, values = tuple(key), dict(values)
+        ses = dict(errors.get(key, {}))
         if values.get("avg") is None:
             values["avg"] = table_avg(values, spec.avg_benchmarks)
+            ses["avg"] = table_avg_se(values, ses, spec.avg_benchmarks) if values["avg"] is not None else None
         if spec.single_figure:
-            values = _single_figures(values, spec.avg_benchmarks)
-        ours[tuple(key)] = values
+            names = _single_figure_names(values, spec.avg_benchmarks)
+            values, ses = _renamed(values, names), _renamed(ses, names)
+        ours[key], ours_se[key] = values, ses
 
-    columns = list(paper_columns)
+    shown = ref.rows if compare_paper else {}
+    columns = list(ref.columns) if compare_paper else []
     for key, values in ours.items():
         for c in [*values, *missing_cells.get(key, {})]:
             if c not in columns and c != "avg":
@@ -170,11 +206,11 @@ def render_table(results: dict, table: str = "table1", compare_paper: bool = Tru
         columns = [c for c in columns if any(v.get(c) is not None for v in ours.values())
                    or any(c in cells for cells in missing_cells.values())]
 
-    keys = list(paper) + [k for k in ours if k not in paper]
+    keys = list(shown) + [k for k in ours if k not in shown]
     keys += [k for k in missing if k not in keys]
     rows = []
     for key in keys:
-        values, reference = ours.get(key), paper.get(key, {})
+        values = ours.get(key)
         gaps = missing_cells.get(key, {}) if values is not None else {}
         status = "missing" if values is None else "incomplete" if gaps else "ok"
         reason = missing.get(key, "not evaluated") if values is None else \
@@ -182,12 +218,16 @@ def render_table(results: dict, table: str = "table1", compare_paper: bool = Tru
         row = {"base_model": key[0], "method": key[1], "status": status, "reason": reason,
                "missing_cells": gaps, "cells": {}}
         for c in columns:
-            mine, theirs = (values or {}).get(c), reference.get(c)
-            delta = mine - theirs if mine is not None and theirs is not None else None
-            row["cells"][c] = {"ours": mine, "paper": theirs, "delta": delta}
+            mine, se, theirs = (values or {}).get(c), ours_se.get(key, {}).get(c), ref.cell(key, c)
+            # due but not computed: a missing cell, or any cell of a missing row the reference lacks (a
+            # missing reference row's cells are those the reference has)
+            due = c in gaps or (values is None and key not in ref.rows)
+            row["cells"][c] = _judge(mine, se, theirs, ref, due)
         rows.append(row)
 
-    markdown = _markdown(rows, columns, compare_paper, digits, spec.avg_legend, note, footer)
+    counts = count_verdicts(rows, ref.source)
+    footer = counts if footer is None else f"{counts}\n\n{footer}"
+    markdown = _markdown(rows, columns, compare_paper, digits, spec.avg_legend, note, footer, ref)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -196,18 +236,57 @@ def render_table(results: dict, table: str = "table1", compare_paper: bool = Tru
     return markdown, rows
 
 
-def _single_figures(values: dict, benchmarks) -> dict:
-    """`<column>_avg@K` -> `<column>` (the paper's single accuracy column); those columns first,
-    in the paper's order, then the rest (pass@K) as they came."""
-    values, first = dict(values), {}
+def _judge(mine, se, theirs: ReferenceCell | None, ref: TableReference, due: bool) -> dict:
+    """One cell: our value and SE, the reference's, Δ and the verdict (``due``: the cell was due, so
+    its absence is a missing value of ours)."""
+    se = se if se is not None and math.isfinite(se) else None
+    cell = {"ours": mine, "se": se, "paper": theirs.mean if theirs else None,
+            "paper_se": theirs.se if theirs else None,
+            "delta": mine - theirs.mean if mine is not None and theirs is not None else None,
+            "verdict": None, "why": ""}
+    if mine is None and theirs is None and not due:
+        return cell
+    if mine is None:
+        cell.update(verdict="missing", why="ours")
+    elif theirs is None:
+        cell.update(verdict="missing", why="reference")
+    elif se is None:
+        cell.update(verdict="missing", why="se")
+    else:
+        cell["verdict"] = verdict(mine, se, theirs, ref.resolution, ref.k)
+    return cell
+
+
+def count_verdicts(rows: list[dict], source: str = "the reference") -> str:
+    """The verdicts' line: of the table's cells (those that either side has), how many are
+    consistent with the reference, above or below it, and missing, by what is missing."""
+    cells = [cell for row in rows for cell in row["cells"].values() if cell["verdict"] is not None]
+    n = {v: sum(cell["verdict"] == v for cell in cells) for v in (*VERDICTS, "missing")}
+    why = {w: sum(cell["why"] == w for cell in cells) for w in ("ours", "reference", "se")}
+    return (f"Verdicts against {source} (consistent: its value within ours ± 2 SE): {len(cells)} cells, "
+            f"{n['consistent']} consistent, {n['above'] + n['below']} inconsistent ({n['above']} above, "
+            f"{n['below']} below), {n['missing']} missing ({why['ours']} without a value of ours, "
+            f"{why['reference']} without a reference value, {why['se']} without an SE).")
+
+
+def _single_figure_names(values: dict, benchmarks) -> dict[str, str]:
+    """{our column: the paper's}: `<column>_avg@K` -> `<column>` (the paper's single accuracy
+    column), in the paper's order."""
+    names = {}
     for name in benchmarks:
         column = BENCHMARKS[name].column
         found = [c for c in values if c.startswith(f"{column}_avg@")]
         if found and values.get(column) is None:
-            first[column] = values.pop(found[0])
+            names[found[0]] = column
         elif column in values:
-            first[column] = values.pop(column)
-    return {**first, **values}
+            names[column] = column
+    return names
+
+
+def _renamed(values: dict, names: dict[str, str]) -> dict:
+    """``values`` with ``names`` applied: those columns first, then the rest (pass@K) as they came."""
+    first = {names[c]: values[c] for c in names if c in values}
+    return {**first, **{c: v for c, v in values.items() if c not in names and c not in first}}
 
 
 def _fmt(value, digits, signed=False) -> str:
@@ -216,21 +295,32 @@ def _fmt(value, digits, signed=False) -> str:
     return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
 
-def _cell(cell, compare_paper, digits, gap=False) -> str:
+def _with_se(value, se, digits) -> str:
+    return _fmt(value, digits) + (f" ± {se:.{digits}f}" if value is not None and se is not None else "")
+
+
+def _cell(cell, compare_paper, digits) -> str:
+    ours = "missing" if cell["why"] == "ours" else _with_se(cell["ours"], cell["se"], digits)
+    judged = f" {cell['verdict']}" if cell["verdict"] in VERDICTS else ""
     if not compare_paper or cell["paper"] is None:
-        return "missing" if gap and cell["ours"] is None else _fmt(cell["ours"], digits)
-    ours = "missing" if cell["ours"] is None else _fmt(cell["ours"], digits)
-    return f"{ours} / {_fmt(cell['paper'], digits)} / {_fmt(cell['delta'], digits, signed=True)}"
+        return ours + judged
+    return (f"{ours} / {_with_se(cell['paper'], cell['paper_se'], digits)} / "
+            f"{_fmt(cell['delta'], digits, signed=True)}{judged}")
 
 
-def _markdown(rows, columns, compare_paper, digits, avg_legend, note="", footer=None) -> str:
+def _markdown(rows, columns, compare_paper, digits, avg_legend, note="", footer=None, ref=None) -> str:
     header = ["Base model", "Method", *columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [_cell(row["cells"][c], compare_paper, digits, c in row["missing_cells"]) for c in columns]
+        cells = [_cell(row["cells"][c], compare_paper, digits) for c in columns]
         lines.append("| " + " | ".join([row["base_model"], row["method"], *cells]) + " |")
-    legend = ("Cells: ours / paper / Δ (ours − paper), in percent. " if compare_paper
-              else "Cells: ours, in percent. ")
+    source = ref.source if ref is not None else "the reference"
+    legend = ("Cells: ours ± SE / reference ± SE / Δ (ours − reference), in percent, and the verdict. "
+              if compare_paper else "Cells: ours ± SE, in percent, and the verdict. ")
+    legend += (f"Reference: {source}. SE: response sampling on the benchmark's problems (not training "
+               "seeds; docs/evaluation.md). Verdict: consistent when the reference's value lies within "
+               "ours ± 2 SE (both SEs combined when the reference gives one; ± half its rounding), "
+               "else above / below (ours higher / lower). ")
     legend += avg_legend
     if note:
         legend += f"\n\n**Note.** {note}"
@@ -246,15 +336,29 @@ def _markdown(rows, columns, compare_paper, digits, avg_legend, note="", footer=
 def _csv(rows, columns, compare_paper) -> str:
     buf = io.StringIO()
     header = ["base_model", "method", "status", "reason"]
+    parts = ("", "_se", "_paper", "_paper_se", "_delta", "_verdict") if compare_paper else ("", "_se", "_verdict")
     for c in columns:
-        header += [c, f"{c}_paper", f"{c}_delta"] if compare_paper else [c]
+        header += [f"{c}{part}" for part in parts]
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(header)
+    fields = {"": "ours", "_se": "se", "_paper": "paper", "_paper_se": "paper_se", "_delta": "delta"}
     for row in rows:
         line = [row["base_model"], row["method"], row["status"], row["reason"]]
         for c in columns:
             cell = row["cells"][c]
-            parts = [cell["ours"], cell["paper"], cell["delta"]] if compare_paper else [cell["ours"]]
-            line += ["" if v is None else str(round(v, 4)) for v in parts]
+            for part in parts:
+                if part == "_verdict":
+                    line.append(_verdict_text(cell))
+                else:
+                    value = cell[fields[part]]
+                    line.append("" if value is None else str(round(value, 4)))
         writer.writerow(line)
     return buf.getvalue()
+
+
+def _verdict_text(cell) -> str:
+    """The CSV's verdict: the word, or `missing: <what>`; empty where there is no cell."""
+    if cell["verdict"] == "missing":
+        return "missing: " + {"ours": "no value of ours", "reference": "not in the reference",
+                              "se": "no SE"}[cell["why"]]
+    return cell["verdict"] or ""
