@@ -15,11 +15,11 @@ export ASPO_DATA_DIR ?= $(abspath ../shared/data)
 endif
 space := $(subst ,, )
 
-.PHONY: setup test test-fast test-numerics test-all lint format demo demo-seeds testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short study-v2 bench clean help
+.PHONY: setup test test-fast test-numerics test-all lint format demo demo-seeds testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short study-v2 study-mechanism bench clean help
 .PHONY: testbed-code tiny-code reproduce-table2 bench-code reproduce-table3
 
 help:
-	@echo "make demo | demo-seeds | test | test-fast | test-numerics | test-all | lint | format | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | bench"
+	@echo "make demo | demo-seeds | test | test-fast | test-numerics | test-all | lint | format | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | study-mechanism | bench"
 	@echo "code:  make testbed-code | tiny-code | reproduce-table2 [PROFILE=tiny] | bench-code"
 	@echo "out of domain:  make reproduce-table3 [PROFILE=tiny]"
 
@@ -122,6 +122,13 @@ study-quick: $(STAMP)
 V2_ALL_LOSSES := '[grpo,grpo_no_is,aspo,grpo_pos_mean,aspo_no_dual_clip]'
 study-v2: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/v2.yaml $(if $(filter 2,$(STAGE)),--losses $(V2_ALL_LOSSES))
+
+# The mechanism check (docs/mechanism-protocol.md): GRPO at lr 5e-5, 1e-4 and 2e-4 and ASPO at 1e-4,
+# 20 rollout batches each at study v2's settings, seed 5; ~13 min on an idle 2-core machine. Resumable.
+study-mechanism: $(STAMP)
+	$(PY) -m aspo_lit study --config conf/study/mechanism.yaml
+	$(PY) -m aspo_lit study --config conf/study/mechanism.yaml --config conf/study/mechanism_lr5e-5.yaml
+	$(PY) -m aspo_lit study --config conf/study/mechanism.yaml --config conf/study/mechanism_lr2e-4.yaml
 
 bench: $(STAMP)
 	$(PY) perf/bench_losses.py && $(PY) perf/bench_rollout.py

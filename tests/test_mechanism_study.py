@@ -1,0 +1,64 @@
+"""The mechanism check's study configs (docs/mechanism-protocol.md): the arms `make study-mechanism`
+runs, read through the study command's own dry run, and the fit config a run gets (study v2's
+settings, its lr, and `CounterfactualWeights` beside v2's callbacks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from aspo_lit.__main__ import main
+from experiments import study as S
+from tests.cli import effective, print_config
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = "conf/study/mechanism.yaml"
+OVERLAYS = (None, "conf/study/mechanism_lr5e-5.yaml", "conf/study/mechanism_lr2e-4.yaml")   # the make target's order
+
+
+def fit_commands(overlay: str | None, capsys) -> list[list[str]]:
+    """The fit command lines the study prints for ``mechanism.yaml`` (+ ``overlay``), run nothing."""
+    configs = [BASE] + ([overlay] if overlay else [])
+    assert main(["study", *[w for c in configs for w in ("--config", str(REPO / c))], "--dry_run", "true"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return [line.split() for line in lines if not line.startswith("#")]
+
+
+def value(argv: list[str], key: str) -> str:
+    return next(a.split("=", 1)[1] for a in argv if a.startswith(f"{key}="))
+
+
+def test_the_arms_are_the_protocols(capsys):
+    """GRPO at three lrs and ASPO at the middle one, one seed outside study v2's, 320 optimizer
+    steps each, every arm in its own folder."""
+    runs, folders = [], set()
+    for overlay in OVERLAYS:
+        commands = fit_commands(overlay, capsys)
+        assert commands and all(argv[3] == "fit" for argv in commands)
+        folders |= {value(argv, "--trainer.logger.init_args.save_dir") for argv in commands}
+        runs += [(value(argv, "--model.loss"), float(value(argv, "--model.lr")), int(value(argv, "--seed_everything")),
+                  int(value(argv, "--trainer.max_steps"))) for argv in commands]
+    assert sorted(runs) == sorted([("grpo", 5e-5, 5, 320), ("grpo", 1e-4, 5, 320), ("grpo", 2e-4, 5, 320),
+                                   ("aspo", 1e-4, 5, 320)])
+    assert 5 not in S.load_study(REPO / "conf" / "study" / "v2.yaml").seeds
+    assert len(folders) == len(OVERLAYS)
+
+
+def test_a_run_gets_v2s_settings_its_lr_and_the_flip_metrics(capsys):
+    """The lr 2e-4 arm's fit config, from the very command line the study runs (overlay composed on
+    the base): v2's settings but the lr, v2's callbacks plus CounterfactualWeights, 20 rollout batches."""
+    argv = fit_commands(OVERLAYS[2], capsys)[0]
+    run = yaml.safe_load(print_config(extra=tuple(argv[4:])))
+    v2 = effective(*[str(c) for c in S.load_study(REPO / "conf" / "study" / "v2.yaml").base_config])
+    assert callback_names(run) == callback_names(v2) + ["aspo_lit.callbacks.CounterfactualWeights"]
+    assert run["model"]["lr"] == 2e-4 != v2["model"]["lr"]
+    differ = {"lr", "loss"}
+    assert {k: v for k, v in run["model"].items() if k not in differ} == {k: v for k, v in v2["model"].items() if k not in differ}
+    assert run["data"] == v2["data"]
+    steps_per_batch = run["data"]["init_args"]["batch_size"] // run["model"]["mini_batch_size"] * run["model"]["ppo_epochs"]
+    assert run["trainer"]["max_steps"] == 20 * steps_per_batch
+
+
+def callback_names(config: dict) -> list[str]:
+    return [c["class_path"] if isinstance(c, dict) else c for c in config["trainer"]["callbacks"]]
