@@ -30,7 +30,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     engine = VLLMEngine(dtype="float32", max_model_len=128, kv_cache_gb=1, enable_sleep_mode=True)
-    engine.attach(None, tokenizer, model_dir)
+    engine.attach(policy, tokenizer, model_dir)  # the policy it is pushed from: started with random weights
     trainer = checksum_of(policy.state_dict().items(), engine.model_dtype)
     seen = {"topology": engine.topology, "needs_push_at_start": engine.needs_weight_push}
     seen["before"] = weights_match(engine.weights_checksum(), trainer, engine.model_dtype)

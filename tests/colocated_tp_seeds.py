@@ -28,7 +28,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     engine = VLLMEngine(tensor_parallel_size=2, dtype="float32", max_model_len=256, kv_cache_gb=1)
-    engine.attach(None, tokenizer, model_dir)
+    engine.attach(policy, tokenizer, model_dir)  # the policy it is pushed from: started with random weights
     engine.update_weights(policy.state_dict())  # a colocated engine starts with random weights
     ids = [tokenizer("2+2=")["input_ids"], tokenizer("hello there")["input_ids"]]
     out = engine.generate(ids, n=2, sampling=SamplingConfig(max_tokens=8, seed=100 + rank, logprobs=True))

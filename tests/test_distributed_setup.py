@@ -148,3 +148,38 @@ def test_hf_engine_eos_ids_agree_across_ranks(tiny_model_dir, tmp_path):
         engine.attach(load_policy(str(path), materialize=materialize), tokenizer, path)
         ids.append(engine.eos_token_ids)
     assert ids[0] == ids[1] and extra in ids[1], ids
+
+
+@pytest.mark.parametrize("policy, load_format, needs_push", [(object(), "dummy", True), (None, None, False)])
+def test_colocated_engine_reads_the_checkpoint_only_when_nothing_will_push(monkeypatch, policy, load_format, needs_push):
+    """Under a process group a training engine (given the policy it is pushed from) starts with random
+    weights and asks for a push; an evaluation's (given none) reads the checkpoint and samples from it
+    at once. A fake ``vllm.LLM`` records the arguments (no engine is started)."""
+    import os
+    import sys
+    import types
+
+    import torch.distributed as dist
+
+    from aspo_lit.rollout import VLLMEngine
+
+    seen = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+            config = types.SimpleNamespace(tie_word_embeddings=False)
+            self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=config, dtype=torch.float32))
+
+    platforms = types.SimpleNamespace(current_platform=types.SimpleNamespace(
+        is_cpu=lambda: True, is_sleep_mode_available=lambda: False))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, platforms=platforms))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the engine's environment stays in this test
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    engine = VLLMEngine(dtype="float32")
+    engine.attach(policy, tokenizer="a tokenizer", model_path="a/checkpoint")
+    assert engine.topology == "colocated" and seen["distributed_executor_backend"] == "external_launcher"
+    assert seen.get("load_format") == load_format and engine.needs_weight_push is needs_push

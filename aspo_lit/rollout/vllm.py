@@ -278,7 +278,10 @@ class VLLMEngine(RolloutEngine):
 
     def attach(self, model: Any, tokenizer: Any, model_path: Any) -> None:
         """Start vLLM on ``model_path`` (the checkpoint the policy was loaded from; only its
-        config/tokenizer matter after the first ``update_weights``). ``model`` is unused."""
+        config/tokenizer matter after the first ``update_weights``). ``model``, the policy whose
+        weights the caller pushes, is not read; a colocated engine given one starts with random
+        weights (it is pushed before its first ``generate``), one given none (an evaluation under a
+        process group) reads ``model_path``."""
         if model_path is None:
             raise ValueError("VLLMEngine.attach needs the model_path the policy was loaded from")
         if self.llm is not None:
@@ -308,7 +311,7 @@ class VLLMEngine(RolloutEngine):
         if self.colocate is None:
             self.colocate = torch.distributed.is_available() and torch.distributed.is_initialized()
         if self.colocate:
-            kwargs.update(self._colocate_kwargs())
+            kwargs.update(self._colocate_kwargs(pushed=model is not None))
         elif self.tensor_parallel_size > 1 and self.in_process:
             raise ValueError("VLLMEngine(in_process=True) runs one worker; tensor_parallel_size > 1 needs the "
                              "multiprocess engine or a colocated one (one rank per TP shard)")
@@ -345,8 +348,9 @@ class VLLMEngine(RolloutEngine):
         if kwargs.get("load_format") == "dummy":  # random weights: nothing to sample from before a push
             self._weights_discarded = True
 
-    def _colocate_kwargs(self) -> dict[str, Any]:
-        """vLLM arguments and environment of one engine per training rank (external launcher)."""
+    def _colocate_kwargs(self, pushed: bool = True) -> dict[str, Any]:
+        """vLLM arguments and environment of one engine per rank (external launcher); ``pushed``: the
+        caller pushes the policy before every ``generate`` (training), so the checkpoint is not read."""
         import torch.distributed as dist
 
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -359,14 +363,12 @@ class VLLMEngine(RolloutEngine):
         os.environ.update(colocate_env(rank, local_rank, world, tp))
         os.environ.setdefault("MASTER_ADDR", "localhost")
         self._replica = rank // tp
-        kwargs: dict[str, Any] = {
-            "distributed_executor_backend": "external_launcher",
-            "seed": self.seed + self._replica,
+        kwargs: dict[str, Any] = {"distributed_executor_backend": "external_launcher", "seed": self.seed + self._replica}
+        if pushed:
             # random weights instead of reading the checkpoint on every rank (verl's "dummy"): the
             # first generate always pushes the policy (generate refuses until then), and a level-2
             # sleep right after the start would discard whatever was read
-            "load_format": "dummy",
-        }
+            kwargs["load_format"] = "dummy"
         if tp > 1:  # the same TP groups as vLLM's: consecutive ranks
             self._tp_group, _ = dist.new_subgroups_by_enumeration([list(range(i, i + tp)) for i in range(0, world, tp)])
             # verl's SPMD rollout: the custom all-reduce fails when every rank runs its own engine
