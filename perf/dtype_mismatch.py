@@ -10,7 +10,10 @@ layer's weights cast when gathered). Per pair, over the response tokens of one r
 ``rollout/logprob_diff_mean`` and ``_max`` (`aspo_lit.sampler_mismatch`), the IS ratio
 π_trainer/π_sampler's standard deviation, and the share of tokens whose ratio sits outside the
 clip range [0.8, 1.2] before any update (where the loss would clip or flip them for numerics
-alone). Prints a Markdown table (docs/gpu.md, "fp16 compute").
+alone), and the flip's share: with the sampler's log-probs as π_old (``model.old_logprobs:
+sampler``) and every token given A > 0, Σ|w_GRPO − w_ASPO| / Σ w_GRPO (`flip/weight_change`,
+`aspo_lit.counterfactual`), the part of a first update that ASPO's flip changes for numerics alone.
+Prints a Markdown table (docs/gpu.md, "fp16 compute").
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 def main() -> None:
     import torch
 
+    from aspo_lit.counterfactual import flip_change_sums, share, shipped_losses, token_weights
     from aspo_lit.forward import response_logprobs
     from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path
     from aspo_lit.prompts import encode_prompt
@@ -56,9 +60,10 @@ def main() -> None:
     trainers = {dtype: load_policy(path, "float32").to(getattr(torch, dtype)).eval() for dtype in DTYPES}
 
     print(f"model {path}; {args.prompts} prompts x {args.n} samples, up to {args.max_tokens} tokens, T = 1.0\n")
+    losses = {name: loss for name, loss in shipped_losses().items() if name in ("grpo", "aspo")}
     print("| engine | trainer compute | tokens | logprob_diff_mean | logprob_diff_max | IS ratio std "
-          "| share outside [0.8, 1.2] |")
-    print("|---|---|---|---|---|---|---|")
+          "| share outside [0.8, 1.2] | flip's share |")
+    print("|---|---|---|---|---|---|---|---|")
     for engine_dtype in DTYPES:
         t0 = time.perf_counter()
         engine = HFEngine(dtype=engine_dtype, device="cpu")
@@ -76,9 +81,12 @@ def main() -> None:
             on = mask.bool()
             ratio = (trainer.double() - sampler.double())[on].exp()
             outside = ((ratio < 0.8) | (ratio > 1.2)).double().mean().item()
+            w = token_weights(losses, trainer.float(), sampler.float(), on.float(), on)
+            sums = flip_change_sums(w["grpo"], w["aspo"], on, torch.zeros_like(on))
+            flip = float(share(sums[0], sums[1]))
             print(f"| {engine_dtype} | {trainer_dtype} | {int(on.sum())} | "
                   f"{float(stats['rollout/logprob_diff_mean']):.2e} | {float(stats['rollout/logprob_diff_max']):.2e} | "
-                  f"{ratio.std().item():.2e} | {outside:.2%} |")
+                  f"{ratio.std().item():.2e} | {outside:.2%} | {flip:.2e} |")
         print(f"<!-- sampling in {engine_dtype}: {sample_s:.1f} s -->")
 
 
