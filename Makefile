@@ -30,9 +30,18 @@ $(STAMP): pyproject.toml scripts/setup_cpu.sh constraints.txt
 setup: $(STAMP)
 
 # Default suite (< 10 min on 2 cores). CI (CI=true) also runs the slow end-to-end tests and lists every test phase over 1 s
-# then test-numerics.
+# then test-numerics. Two phases: the test files spread over PYTEST_WORKERS processes (pytest-xdist, --dist loadfile:
+# a file's tests and its fixtures stay on one worker, so test_colocate's torch.distributed.run tests never overlap;
+# PYTEST_WORKERS=0 runs them in this process), then the tests that assert wall-clock bounds (the graders' deadlines,
+# the sandbox's kills: markers hostile, sandbox) alone. A phase that selects nothing (exit 5) is not a failure.
+PYTEST_WORKERS ?= 2
+PARALLEL := $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile)
+TIMED := hostile or sandbox
+DURATIONS := $(if $(filter true,$(CI)),--durations=0 --durations-min=1)
+NOT_SLOW := $(if $(filter true,$(CI)),,not slow and )
 test: $(STAMP)
-	$(PY) -m pytest -q $(if $(filter true,$(CI)),--durations=0 --durations-min=1,-m "not slow") $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PARALLEL) $(DURATIONS) -m "$(NOT_SLOW)not ($(TIMED))" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q $(DURATIONS) -m "$(NOT_SLOW)($(TIMED))" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(if $(filter true,$(CI)),@$(MAKE) --no-print-directory test-numerics)
 
 # The numerics tests (-m numerics, not slow) once more under each of three other CPU kernel settings:
@@ -41,7 +50,7 @@ NUMERICS_SETTINGS := ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2 MKL_EN
 test-numerics: $(STAMP)
 	@for setting in $(NUMERICS_SETTINGS); do \
 	  echo "== numerics tests under $$setting"; start=$$(date +%s); \
-	  env $$setting $(PY) -m pytest -q -m "numerics and not slow" \
+	  env $$setting $(PY) -m pytest -q $(PARALLEL) -m "numerics and not slow" \
 	    || { echo "FAILED: the numerics tests under $$setting (rerun: $$setting $(PY) -m pytest -m numerics)"; exit 1; }; \
 	  echo "== $$setting: passed in $$(( $$(date +%s) - start )) s"; \
 	done
@@ -51,7 +60,7 @@ test-numerics: $(STAMP)
 # `make test` runs them all.
 FAST_MARKERS := not slow and not e2e and not multiproc and not vllm and not sandbox and not hostile
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PARALLEL) -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 # ruff's lint rules (pyproject.toml: pyflakes, pycodestyle, bugbear, blind excepts, sorted imports)
 # and the import layers (.importlinter); CI runs it first. `make format` applies ruff's safe fixes.
