@@ -183,3 +183,36 @@ def test_colocated_engine_reads_the_checkpoint_only_when_nothing_will_push(monke
     engine.attach(policy, tokenizer="a tokenizer", model_path="a/checkpoint")
     assert engine.topology == "colocated" and seen["distributed_executor_backend"] == "external_launcher"
     assert seen.get("load_format") == load_format and engine.needs_weight_push is needs_push
+
+
+@pytest.mark.parametrize("on_cpu", [True, False])
+def test_the_push_reloads_layer_by_layer_on_every_platform(monkeypatch, on_cpu):
+    """The worker takes pushed tensors with the runner's in-place ``reload_weights`` on CPU and GPU
+    alike (it re-runs each layer's post-load processing: CPU packing, B200 MoE layouts), never the
+    model's raw ``load_weights``; only the CPU re-packs a tied lm_head. Fake runner and platform."""
+    import sys
+    import types
+
+    from aspo_lit.rollout.vllm_worker import ASPOWorkerExtension
+
+    calls = []
+
+    class Model:
+        def load_weights(self, weights):
+            calls.append("load_weights")
+
+    class Runner:
+        def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+            calls.append(("reload_weights", [name for name, _ in weights_iterator], is_checkpoint_format))
+
+        def get_model(self):
+            return Model()
+
+    platforms = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda: on_cpu))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    worker = ASPOWorkerExtension()
+    worker.model_runner = Runner()
+    monkeypatch.setattr(worker, "aspo_retie_lm_head", lambda: calls.append("retie") or True)
+    out = worker.aspo_load_weights(iter([("w", torch.ones(2))]))
+    assert out["load_call"] == "reload_weights(weights_iterator)" and out["repacked_lm_head"] is on_cpu
+    assert calls == [("reload_weights", ["w"], True)] + (["retie"] if on_cpu else [])

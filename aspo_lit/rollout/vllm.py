@@ -16,9 +16,9 @@ Topologies (``VLLMEngine``):
 * **multiprocess** (the default outside a process group): vLLM's own engine process; a push
   writes the tensors to a private ``model.safetensors`` and the worker reloads it.
 
-Inside vLLM's worker the weights are taken by ``ASPOWorkerExtension`` (``aspo_lit.rollout.vllm_worker``),
-where the CPU and GPU loaders differ: the model's ``load_weights`` on GPU, the runner's
-layer-wise ``reload_weights`` on CPU (which also re-packs a tied ``lm_head``). After every push
+Inside vLLM's worker the weights are taken by ``ASPOWorkerExtension`` (``aspo_lit.rollout.vllm_worker``)
+with the runner's layer-wise in-place ``reload_weights`` on CPU and GPU (on CPU it also re-packs a
+tied ``lm_head``). After every push
 ``reset_prefix_cache()``: cached prompt KV blocks were computed by the old weights.
 
 Sleep mode (``enable_sleep_mode``): the engine sleeps at ``sleep_level`` after every ``generate``

@@ -6,12 +6,12 @@ worker: in a process it spawns (the multiprocess engine) or in the trainer's own
 import costs a spawned worker nothing, this module imports only what vLLM's worker already holds
 (torch, numpy); vLLM's own layers are imported inside the methods that read them.
 
-The call that takes the tensors (``aspo_load_weights``) differs between CPU and GPU (one of the
-GPU-only paths that docs/gpu.md lists): on GPU the model's ``load_weights`` (TRL's and verl's call); on CPU vLLM
-repacks every linear weight into a oneDNN handle after loading, so ``load_weights`` fails there
-("'Parameter' object has no attribute 'weight_loader'") and the model runner's
-``reload_weights(weights_iterator=...)`` (layer-wise reload, which redoes the repacking) takes
-them instead. Tied embeddings: the layer-wise reload re-processes ``embed_tokens`` only, so on CPU
+The call that takes the tensors (``aspo_load_weights``) is the model runner's
+``reload_weights(weights_iterator=...)`` on CPU and GPU alike: a layer-wise reload that redoes each
+layer's post-load processing. The model's ``load_weights`` (TRL's and verl's call) fails on CPU,
+where vLLM repacks every linear weight into a oneDNN handle after loading ("'Parameter' object has
+no attribute 'weight_loader'"), and on B200/GB200 writes checkpoint layout into the FlashInfer
+layout vLLM converted the MoE experts to. Tied embeddings: the layer-wise reload re-processes ``embed_tokens`` only, so on CPU
 the packed ``lm_head`` is re-tied and re-packed after every reload (on GPU vLLM's ``lm_head`` *is*
 the embedding parameter).
 
@@ -45,9 +45,12 @@ class ASPOWorkerExtension:
     ) -> dict:
         """Load checkpoint-named tensors (an iterator, consumed once) or a safetensors folder.
 
-        CPU and GPU differ here (module docstring): the GPU takes the tensors with
-        the model's ``load_weights``, as TRL and verl; the CPU with the runner's layer-wise
-        ``reload_weights``, then re-packs a tied ``lm_head``."""
+        One call on every platform: the runner's layer-wise in-place ``reload_weights``, which
+        re-runs each layer's post-load processing and copies the result into the kernel tensors'
+        own storage (CUDA graphs and sleep mode keep their pointers). The model's ``load_weights``
+        (TRL's and verl's call) would write checkpoint layout into processed storage: the CPU's
+        oneDNN-packed linears, the FlashInfer expert layouts vLLM makes on B200/GB200. Only the CPU
+        then re-packs a tied ``lm_head`` (module docstring)."""
         from vllm.platforms import current_platform
 
         t0 = time.perf_counter()
@@ -55,12 +58,9 @@ class ASPOWorkerExtension:
         if weights is None:
             runner.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
             call = "reload_weights(weights_path)"
-        elif current_platform.is_cpu():
+        else:
             runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
             call = "reload_weights(weights_iterator)"
-        else:
-            runner.get_model().load_weights(weights)
-            call = "load_weights"
         repacked = self.aspo_retie_lm_head() if retie and current_platform.is_cpu() else False
         return {"reload_s": time.perf_counter() - t0, "repacked_lm_head": repacked, "load_call": call}
 
