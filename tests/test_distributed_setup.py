@@ -216,3 +216,25 @@ def test_the_push_reloads_layer_by_layer_on_every_platform(monkeypatch, on_cpu):
     out = worker.aspo_load_weights(iter([("w", torch.ones(2))]))
     assert out["load_call"] == "reload_weights(weights_iterator)" and out["repacked_lm_head"] is on_cpu
     assert calls == [("reload_weights", ["w"], True)] + (["retie"] if on_cpu else [])
+
+
+def test_the_push_gathers_in_the_engines_dtype():
+    """An FSDP2 shard is cast to the engine's dtype before its gather (half the bytes of fp32 for a
+    bf16 engine), and the engine gets the values its loader would have rounded to; without an engine
+    dtype the push is unchanged. A fake DTensor records the dtype it gathers in."""
+    from aspo_lit.rollout.base import iter_named_tensors
+
+    gathered = []
+
+    class Shard(torch.Tensor):
+        def full_tensor(self):
+            gathered.append(self.dtype)
+            return torch.Tensor(self).clone()
+
+    master = torch.randn(4, 3)
+    ints = torch.arange(3)
+    pushed = dict(iter_named_tensors([("w", master.as_subclass(Shard)), ("n", ints)], dtype=torch.bfloat16))
+    assert gathered == [torch.bfloat16] and pushed["w"].dtype == torch.bfloat16
+    assert torch.equal(pushed["w"], master.to(torch.bfloat16)) and torch.equal(pushed["n"], ints)  # not cast
+    assert dict(iter_named_tensors([("w", master.as_subclass(Shard))]))["w"].dtype == torch.float32
+    assert gathered[-1] == torch.float32

@@ -96,10 +96,13 @@ def normalize_param_name(name: str) -> str:
 
 def iter_named_tensors(
     named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor] | torch.nn.Module,
+    dtype: torch.dtype | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, detached tensor) pairs, names normalised, from named_parameters(), a state dict or
     a module (its named_parameters()), one at a time: an FSDP2 DTensor is gathered to its full
-    tensor only when the pair is taken."""
+    tensor only when the pair is taken. With ``dtype`` (the engine's), floating tensors are cast
+    *before* the gather: a bf16 engine's push moves half the bytes of the fp32 master weights, and
+    the engine holds the same values (its loader would round each to its dtype alike)."""
     if isinstance(named_tensors, torch.nn.Module):
         named_tensors = named_tensors.named_parameters()
     elif isinstance(named_tensors, Mapping):
@@ -107,9 +110,12 @@ def iter_named_tensors(
     for name, tensor in named_tensors:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"update_weights: {name!r} is a {type(tensor).__name__}, not a tensor")
+        tensor = tensor.detach()
+        if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+            tensor = tensor.to(dtype)
         if hasattr(tensor, "full_tensor"):  # DTensor (FSDP2) -> full tensor
             tensor = tensor.full_tensor()
-        yield normalize_param_name(name), tensor.detach()
+        yield normalize_param_name(name), tensor
 
 
 def named_tensors_of(

@@ -460,9 +460,9 @@ class VLLMEngine(RolloutEngine):
 
     # ------------------------------------------------------------------------------------------
     def _stream(self, named_tensors) -> Iterator[tuple[str, torch.Tensor]]:
-        """``iter_named_tensors``: an FSDP2 shard is gathered only when the loader asks for it. A
-        tied model's ``lm_head`` is skipped (vLLM's is the embedding)."""
-        for name, tensor in iter_named_tensors(named_tensors):
+        """``iter_named_tensors``: an FSDP2 shard is cast to the engine's dtype, then gathered, only
+        when the loader asks for it. A tied model's ``lm_head`` is skipped (vLLM's is the embedding)."""
+        for name, tensor in iter_named_tensors(named_tensors, dtype=getattr(self, "model_dtype", None)):
             if not (self.tied_embeddings and name == "lm_head.weight"):
                 yield name, tensor
 
