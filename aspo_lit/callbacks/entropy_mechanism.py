@@ -37,14 +37,7 @@ from typing import Any
 import torch
 
 from aspo_lit.callbacks.base import Diagnostic, global_sum
-
-
-def covariance_sums(logprobs, advantages, mask, where) -> list:
-    """``[n, Σx, ΣA, Σx·A]`` over the tokens ``mask & where``, x = log-prob (float64)."""
-    keep = (mask > 0) & where
-    x = torch.where(keep, logprobs.double(), 0.0)
-    a = torch.where(keep, advantages.double().expand_as(x), 0.0)
-    return [keep.sum().double(), x.sum(), a.sum(), (x * a).sum()]
+from aspo_lit.counterfactual import covariance_sums
 
 
 class EntropyMechanism(Diagnostic):
@@ -53,14 +46,14 @@ class EntropyMechanism(Diagnostic):
 
     def compute(self, trainer, pl_module, step) -> dict[str, Any]:
         mask = step.response_mask
-        advantages = step.advantages.reshape(-1, 1)
-        every = torch.ones_like(mask, dtype=torch.bool)
-        change = torch.where(mask > 0, (step.updated_entropy - step.entropy).double(), 0.0).sum()
-        local = (covariance_sums(step.old_logprobs, advantages, mask, every)
-                 + covariance_sums(step.old_logprobs, advantages, mask, (advantages > 0).expand_as(mask))
-                 + covariance_sums(step.old_logprobs, advantages, mask, (advantages < 0).expand_as(mask))
-                 + [change])
-        total = global_sum(torch.stack(local), trainer=trainer)
+        on = mask > 0
+        advantages = step.advantages.reshape(-1, 1).expand_as(mask)
+        change = torch.where(on, (step.updated_entropy - step.entropy).double(), 0.0).sum()
+        local = torch.cat([covariance_sums(step.old_logprobs, advantages, on),   # [n, Σx, ΣA, Σx·A] each
+                           covariance_sums(step.old_logprobs, advantages, on & (advantages > 0)),
+                           covariance_sums(step.old_logprobs, advantages, on & (advantages < 0)),
+                           change.reshape(1)])
+        total = global_sum(local, trainer=trainer)
         (n, sx, sa, sxa), pos, neg, change = total[0:4], total[4:8], total[8:12], total[12]
         if n == 0:
             nan = torch.tensor(float("nan"))
