@@ -6,14 +6,11 @@ and two ranks giving what one process gives."""
 from __future__ import annotations
 
 import math
-import socket
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as tmp
 
 from aspo_lit.callbacks import CounterfactualWeights, EntropyMechanism
 from aspo_lit.counterfactual import (
@@ -32,6 +29,7 @@ from aspo_lit.counterfactual import (
 )
 from aspo_lit.losses import get_policy_loss
 from aspo_lit.step import StepOutput
+from tests.ranks import on_ranks
 from tests.test_callbacks import DummyModule, fit, last_logged
 from tests.tolerance import FLOAT64_REL, approx64, rounding_tol, unit_roundoff
 
@@ -305,20 +303,10 @@ def test_logged_through_a_trainer(tmp_path):
 
 
 # --------------------------------------------------------------------------- two ranks
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank: int, world_size: int, port: int, queue) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        trainer = SimpleNamespace(world_size=world_size, strategy=SimpleNamespace(root_device=torch.device("cpu")))
-        step = hand_step(rows=[HAND[rank]], advantages=(HAND_ADVANTAGES[rank],))   # rank 0: A > 0 row; rank 1: A < 0
-        queue.put((rank, {k: float(v) for k, v in CounterfactualWeights().compute(trainer, None, step).items()}))
-    finally:
-        dist.destroy_process_group()
+def _rank_compute(rank: int, world_size: int) -> dict[str, float]:
+    trainer = SimpleNamespace(world_size=world_size, strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    step = hand_step(rows=[HAND[rank]], advantages=(HAND_ADVANTAGES[rank],))   # rank 0: A > 0 row; rank 1: A < 0
+    return {k: float(v) for k, v in CounterfactualWeights().compute(trainer, None, step).items()}
 
 
 @pytest.mark.slow        # ~25 s on 2 cores: spawning two processes that import torch
@@ -328,9 +316,7 @@ def test_two_ranks_log_what_one_process_logs():
     """Rank 0 holds the A > 0 row, rank 1 the A < 0 row: the sums add up, and the deciles, the rank
     correlation and the quantiles see both ranks' tokens (one rank alone would give other values)."""
     expected = {k: float(v) for k, v in CounterfactualWeights().compute(None, None, hand_step()).items()}
-    queue = tmp.get_context("spawn").SimpleQueue()
-    tmp.start_processes(_rank_main, args=(2, _free_port(), queue), nprocs=2, join=True, start_method="spawn")
-    results = dict(queue.get() for _ in range(2))
+    results = on_ranks(_rank_compute)
     for rank in range(2):
         for name, value in expected.items():
             if math.isnan(value):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import socket
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from aspo_lit.forward import response_logprobs, response_logprobs_unfused
 from aspo_lit.fused_logprobs import fused_linear_logprobs
 from aspo_lit.rollout.base import Completion
 from aspo_lit.rollout.batch import pack_rollouts, position_ids_from_mask
+from tests.ranks import free_port
 from tests.tolerance import assert_as_accurate, assert_within, gamma, log_softmax_tol, rounding_tol
 
 pytestmark = pytest.mark.numerics
@@ -322,16 +322,10 @@ def _fsdp_worker(rank: int, world: int, port: int, out_path: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.multiproc
 def test_fsdp2_two_processes_equal_naive(tmp_path):
     out = tmp_path / "fsdp.pt"
-    torch.multiprocessing.spawn(_fsdp_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    torch.multiprocessing.spawn(_fsdp_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
     results = torch.load(out)
     for tied, (lp, entropy, grads) in results.items():
         model = tiny_model("qwen2", tied)

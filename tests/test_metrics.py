@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import socket
 from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as tmp
 
 from aspo_lit.metrics import (
     AvgAtK,
@@ -24,6 +21,7 @@ from aspo_lit.metrics import (
     pass_at_k_se,
     samples_for_halfwidth,
 )
+from tests.ranks import on_ranks
 from tests.tolerance import approx64, gamma, reduction_tol, rounding_tol
 
 
@@ -112,12 +110,6 @@ def test_metric_classes_counts_and_errors():
 # --------------------------------------------------------------------------- distributed
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _expected(correct: torch.Tensor) -> dict[str, float]:
     metrics = {"avg": AvgAtK(), "pass@1": PassAtK(1), "pass@4": PassAtK(4), "pass@8": PassAtK(8)}
     for m in metrics.values():
@@ -125,20 +117,16 @@ def _expected(correct: torch.Tensor) -> dict[str, float]:
     return {name: m.compute().item() for name, m in metrics.items()}
 
 
-def _rank_main(rank: int, world_size: int, port: int, queue) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    try:
-        correct = _correct_matrix()
-        metrics = {"avg": AvgAtK(), "pass@1": PassAtK(1), "pass@4": PassAtK(4), "pass@8": PassAtK(8)}
-        for m in metrics.values():
-            if rank == 0:  # rows 0-4 as a bool matrix
-                m.update(correct[:5])
-            else:  # rows 5-11 as counts, in two updates
-                m.update(correct[5:8].sum(1), correct.shape[1])
-                m.update(correct[8:].sum(1), torch.full((4,), correct.shape[1]))
-        queue.put((rank, {name: m.compute().item() for name, m in metrics.items()}))
-    finally:
-        dist.destroy_process_group()
+def _rank_metrics(rank: int, world_size: int) -> dict[str, float]:
+    correct = _correct_matrix()
+    metrics = {"avg": AvgAtK(), "pass@1": PassAtK(1), "pass@4": PassAtK(4), "pass@8": PassAtK(8)}
+    for m in metrics.values():
+        if rank == 0:  # rows 0-4 as a bool matrix
+            m.update(correct[:5])
+        else:  # rows 5-11 as counts, in two updates
+            m.update(correct[5:8].sum(1), correct.shape[1])
+            m.update(correct[8:].sum(1), torch.full((4,), correct.shape[1]))
+    return {name: m.compute().item() for name, m in metrics.items()}
 
 
 @pytest.mark.multiproc
@@ -146,10 +134,7 @@ def test_distributed_reduction_two_processes():
     """Each rank updates different problems; compute() on both equals the single-process value."""
     world_size = 2
     expected = _expected(_correct_matrix())
-    queue = tmp.get_context("spawn").SimpleQueue()
-    tmp.start_processes(_rank_main, args=(world_size, _free_port(), queue), nprocs=world_size,
-                        join=True, start_method="spawn")
-    results = dict(queue.get() for _ in range(world_size))
+    results = on_ranks(_rank_metrics, world_size)
     for rank in range(world_size):
         for name, value in expected.items():
             # float64 sums of 12 scores <= 1 in other orders (split over ranks), then / 12
