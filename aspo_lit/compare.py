@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from aspo_lit.bands import Cell, MetricBand, complete_windows, metric_band, prediction_k, summarize, window_medians
-from aspo_lit.configs import git_commit
+from aspo_lit.configs import REFERENCE_FORMAT, REFERENCE_VERSION, SHIPPED_REFERENCES, git_commit, shipped_reference
 from aspo_lit.figures import WANDB_PREFIX, find_metrics_source, read_metrics
 
 # Paper Fig. 2's dynamics plus what moves first when an update is wrong (docs/metrics.md names them).
@@ -41,9 +41,9 @@ from aspo_lit.figures import WANDB_PREFIX, find_metrics_source, read_metrics
 METRICS = ("train/reward_mean", "val/avg@K", "train/entropy", "clip/pos_high", "clip/neg_low", "ratio/pos_mean",
            "ratio/neg_mean", "ratio/off_policy_share", "train/kl", "train/grad_norm", "response/length_mean",
            "train/repetition_rate")
-FORMAT, VERSION = "aspo-lit-reference", 1
+FORMAT, VERSION = REFERENCE_FORMAT, REFERENCE_VERSION
 STEP_KEY = "step"
-REFERENCES = Path(__file__).resolve().parent / "references"
+REFERENCES = SHIPPED_REFERENCES
 DEFAULT_WINDOWS = 10  # --window's default: the shortest reference run in about this many windows
 # config keys that differ between seeds of one config by construction (aspo_lit/seeding.py) or say
 # only where the logs went
@@ -232,8 +232,8 @@ def resolve_reference(name: str) -> Path:
     path = Path(name)
     if path.is_file():
         return path
-    if path.suffix == "" and len(path.parts) == 1 and (REFERENCES / f"{name}.json").is_file():
-        return REFERENCES / f"{name}.json"
+    if (shipped_path := shipped_reference(name, REFERENCES)) is not None:
+        return shipped_path
     shipped = shipped_references()
     raise CompareError(f"reference {name}: no such file" + (f"; shipped references: {', '.join(shipped)}" if shipped
                                                              else "; no reference is shipped in this install"))

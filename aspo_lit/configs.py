@@ -1,5 +1,7 @@
 """Where the shipped configs are: `conf/` of a checkout, or its copy inside the installed package;
-and the checkout's commit (`git_commit`), which reference files record.
+where the shipped reference files are and their envelope (`python -m aspo_lit compare`'s bands,
+the tables' cells: docs/compare.md, docs/evaluation.md), and the checkout's commit (`git_commit`),
+which reference files record.
 
 `python -m aspo_lit fit --config conf/aspo.yaml` names a path relative to the working directory. In
 a checkout that is the repository's `conf/`; after `pip install aspo-lit` (non-editable) there is no
@@ -13,6 +15,9 @@ import subprocess
 from pathlib import Path
 
 PACKAGED_CONF = Path(__file__).resolve().parent / "conf"
+#: every reference file's ``format`` and ``version`` (bands over runs, or a table's cells: its ``kind``)
+REFERENCE_FORMAT, REFERENCE_VERSION = "aspo-lit-reference", 1
+SHIPPED_REFERENCES = Path(__file__).resolve().parent / "references"
 
 
 def resolve_config(value: str) -> str:
@@ -52,3 +57,12 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def shipped_reference(name: str, folder: Path = SHIPPED_REFERENCES) -> Path | None:
+    """``<folder>/<name>.json`` when ``name`` is a bare name (no folder, no suffix) of a file there,
+    else None: how `compare` and the tables' ``--reference`` take a shipped reference by name."""
+    path = Path(name)
+    if path.suffix == "" and len(path.parts) == 1 and (folder / f"{name}.json").is_file():
+        return folder / f"{name}.json"
+    return None

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import yaml
 
-from aspo_lit.configs import git_commit
+from aspo_lit.configs import REFERENCE_FORMAT, REFERENCE_VERSION, SHIPPED_REFERENCES, git_commit, shipped_reference
 
-FORMAT, VERSION, KIND = "aspo-lit-reference", 1, "table"
+FORMAT, VERSION, KIND = REFERENCE_FORMAT, REFERENCE_VERSION, "table"
 #: the verdict's half-width in SE units: the reference's value within ours ± 2 SE
 VERDICT_K = 2.0
-REFERENCES = Path(__file__).resolve().parents[1] / "references"
+REFERENCES = SHIPPED_REFERENCES
 KEY_COLUMNS = ("base_model", "method")
 VERDICTS = ("consistent", "above", "below")
 RULE = ("consistent when |ours - mean| <= k * sqrt(se_ours^2 + se^2) + resolution/2, else above/below "
@@ -97,8 +97,8 @@ def resolve_table_reference(name: str | None, table: str) -> Path:
     path = Path(name)
     if path.is_file():
         return path
-    if path.suffix == "" and len(path.parts) == 1 and (REFERENCES / f"{name}.json").is_file():
-        return REFERENCES / f"{name}.json"
+    if (shipped := shipped_reference(name, REFERENCES)) is not None:
+        return shipped
     raise ReferenceError(f"reference {name}: no such file (the paper's values: --reference paper)")
 
 
