@@ -48,6 +48,11 @@ DEFAULT_WINDOWS = 10  # --window's default: the shortest reference run in about 
 # config keys that differ between seeds of one config by construction (aspo_lit/seeding.py) or say
 # only where the logs went
 _PER_RUN_KEY = re.compile(r"^(seed_everything|ckpt_path|trainer\.logger(\..*)?|trainer\.default_root_dir|(.*\.)?seed)$")
+#: Settings that keep the maths and change only the order of floating-point sums (how rows are
+#: split into forward passes, whether a group's prompt is computed once; docs/performance.md): runs
+#: that differ only in these draw from one distribution, so a reference's bands apply to both.
+SPEED_ONLY_KEYS = frozenset({"model.share_prompt", "model.max_tokens_per_micro_batch", "model.micro_batch_size",
+                             "model.logprob_chunk_size"})
 
 
 class CompareError(ValueError):
@@ -561,9 +566,14 @@ def compare(run: str, reference: str | None = None, k: float | None = None, alph
           f"band mean +/- {k_used:.2f} SE" + (" (k for the cells compared)" if k is None else ""))
     if log.config_text and ref.get("config") and ref["config"].get("text"):
         diff = config_differences(ref["config"]["text"], log.config_text, log.config_path)
-        if diff:
-            print(f"note: the run's config differs from the reference's: {'; '.join(diff[:5])}"
-                  + (" ..." if len(diff) > 5 else ""))
+        speed = [d for d in diff if d.split(":", 1)[0] in SPEED_ONLY_KEYS]
+        other = [d for d in diff if d not in speed]
+        if other:
+            print(f"note: the run's config differs from the reference's: {'; '.join(other[:5])}"
+                  + (" ..." if len(other) > 5 else ""))
+        if speed:
+            print(f"note: the run differs from the reference's config in speed settings that keep the maths "
+                  f"(other floating-point sums, the same distribution of runs): {'; '.join(speed)}")
     print(format_table(results))
     code = exit_code(results)
     if code == 2:

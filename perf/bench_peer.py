@@ -3,7 +3,7 @@
     pip install -e ".[perf]"        # TRL (the `perf` extra; never needed by `make test`)
     python perf/bench_peer.py [--shapes demo,long] [--rounds 3] [--lengths 10 30]
         [--long-lengths 2 6] [--checkpoint off|config] [--default-kv-cache] [--torch-threads N]
-        [--out results.json]
+        [--kernels native,default,avx2,mkl-avx2] [--out results.json]
 
 Per shape and round it runs four training runs in this one process - aspo-lit and TRL, each for a
 short and a long number of rollout batches - and takes ``(t_long - t_short) / (n_long - n_short)``
@@ -64,6 +64,13 @@ What differs, and why it is left so:
   paths (response lengths drift differently; the shapes' lengths are bounded by the config);
   group advantages: aspo-lit's ``(R - mean) / (std + 1e-6)``, TRL's ``/ (std + 1e-4)``.
 
+``--kernels`` runs the whole benchmark once per CPU kernel setting, each in a fresh process (torch
+and MKL read these variables at import): ``native`` (what the machine picks), ``default`` (torch's
+scalar kernels, ``ATEN_CPU_CAPABILITY=default``), ``avx2`` (``ATEN_CPU_CAPABILITY=avx2``) and
+``mkl-avx2`` (``MKL_ENABLE_INSTRUCTIONS=AVX2``): the settings ``make test-numerics`` runs under, since
+another user's CPU picks other kernels. It prints each setting's rounds and then the ratios of all
+settings side by side, so that a speed-up that holds under one kernel set only shows as such.
+
 Run it on a quiet machine, or at least read the load it prints (``os.getloadavg`` before each run).
 """
 
@@ -98,6 +105,14 @@ class Shape:
     extra_args: tuple[str, ...]
     lengths: tuple[int, int]
 
+
+#: The CPU kernel settings ``--kernels`` runs under (the environment of each one's process).
+KERNELS = {
+    "native": {},
+    "default": {"ATEN_CPU_CAPABILITY": "default"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
+    "mkl-avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+}
 
 SHAPES = {
     "demo": Shape("demo", "conf/tiny/grpo.yaml", (), (10, 30)),
@@ -428,6 +443,53 @@ def print_accounting(summary: list[dict[str, Any]]) -> None:
         print(accounting_table({f"round {x['round']}": x["aspo_stages"] for x in res["rounds"]}))
 
 
+def kernel_names(text: str) -> list[str]:
+    """The ``--kernels`` list, each a key of :data:`KERNELS`, in the order given."""
+    names = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in names if k not in KERNELS]
+    if unknown or not names:
+        raise SystemExit(f"--kernels: unknown setting(s) {unknown or text!r}; choose from {', '.join(KERNELS)}")
+    return names
+
+
+def run_kernels(names: list[str], argv: list[str], out: str | None) -> int:
+    """This benchmark once per kernel setting, each in its own process with that setting's
+    environment; then every setting's ratio per shape and round side by side."""
+    import subprocess
+
+    results: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_peer_kernels_") as tmp:
+        for name in names:
+            path = Path(tmp) / f"{name}.json"
+            env = {**os.environ, **KERNELS[name]}
+            for key in {k for setting in KERNELS.values() for k in setting} - set(KERNELS[name]):
+                env.pop(key, None)  # a setting from the caller's shell would leak into the others
+            print(f"\n== kernels: {name} {' '.join(f'{k}={v}' for k, v in KERNELS[name].items()) or '(as the machine picks)'}",
+                  flush=True)
+            code = subprocess.call([sys.executable, __file__, *argv, "--kernels", "native", "--out", str(path)],
+                                   env=env)
+            if code != 0:
+                print(f"bench_peer: the run under kernels {name} failed ({code})", file=sys.stderr)
+                return code
+            results[name] = json.loads(path.read_text())
+    print_kernel_table(results)
+    if out:
+        Path(out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def print_kernel_table(results: dict[str, list[dict[str, Any]]]) -> None:
+    """aspo-lit / TRL per kernel setting, shape and round (by difference; steady in brackets)."""
+    print("\n| kernels | shape | " + " | ".join(f"round {r}" for r in range(max(
+        len(res["rounds"]) for shapes in results.values() for res in shapes))) + " | median | steady median |")
+    print("|---|---|" + "---|" * (2 + max(len(res["rounds"]) for shapes in results.values() for res in shapes)))
+    for name, shapes in results.items():
+        for res in shapes:
+            cells = [f"{x['ratio']['aspo']:.2f} ({x['steady_ratio']['aspo']:.2f})" for x in res["rounds"]]
+            print(f"| {name} | {res['shape']} | " + " | ".join(cells)
+                  + f" | **{res['median_ratio']['aspo']:.2f}** | {res['median_steady_ratio']['aspo']:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="demo,long", help="comma-separated: demo, long")
@@ -441,8 +503,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--default-kv-cache", action="store_true",
                    help="a third side: aspo-lit with transformers' own KV cache (the code before the engine's)")
     p.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads for both sides")
+    p.add_argument("--kernels", default="native",
+                   help=f"comma-separated CPU kernel settings, each run in its own process: {', '.join(KERNELS)}")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
+    kernels = kernel_names(args.kernels)
+    if kernels != ["native"]:  # the child's --kernels and --out come last: argparse keeps the last of each
+        return run_kernels(kernels, list(sys.argv[1:] if argv is None else argv), args.out)
 
     import logging
     import warnings
@@ -457,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.ERROR)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), trl {trl.__version__}, "
+    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()} "
+          f"kernels{', MKL_ENABLE_INSTRUCTIONS=' + os.environ['MKL_ENABLE_INSTRUCTIONS'] if os.environ.get('MKL_ENABLE_INSTRUCTIONS') else ''}), trl {trl.__version__}, "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()}", flush=True)
     summary = []
     with tempfile.TemporaryDirectory(prefix="bench_peer_") as tmp:
