@@ -250,14 +250,27 @@ class RLDataModule(LightningDataModule):
             self.train_batches = PromptBatches(rows, self.hparams.batch_size, seed=self.seed)
         return self.train_batches
 
-    def val_dataloader(self):
+    def val_rows(self) -> list[dict[str, Any]]:
+        """The held-out problems the validation loop samples, in its order: the first
+        ``val_max_problems`` rows, encoded (``prompt_ids``), those over ``max_prompt_length`` dropped.
+        ``python -m aspo_lit evaluate --like_fit`` evaluates these (`aspo_lit.eval.like_fit`)."""
         rows = self.load_val_rows()
         if not rows:
             return []
-        rows = self._encode(rows[: self.hparams.val_max_problems], "val")
+        return self._encode(rows[: self.hparams.val_max_problems], "val")
+
+    def val_dataloader(self):
+        rows = self.val_rows()
+        if not rows:
+            return []
         return PromptBatches(rows, self.hparams.val_batch_size, shuffle=False, drop_last=False)
 
     # --- engine and reward ---------------------------------------------------------------------
+
+    @property
+    def engine_spec(self) -> str | RolloutEngine:
+        """The ``engine`` setting as given: a name for `aspo_lit.rollout.build_engine` or an engine."""
+        return self._engine_spec
 
     @property
     def reward(self):
@@ -420,12 +433,18 @@ class RLDataModule(LightningDataModule):
             rollout_logprobs=packed["engine_logprobs"],
         ).to(handle.device)
 
+    def val_sampling(self) -> SamplingConfig:
+        """The validation loop's sampling: ``val_temperature``, no nucleus cut (top_p 1.0), the
+        rollouts' ``max_response_length`` and ``stop``, and every call (one batch of
+        ``val_batch_size`` problems x ``val_k`` samples) seeded with the run's seed itself."""
+        hp = self.hparams
+        return SamplingConfig(temperature=hp.val_temperature, top_p=1.0, max_tokens=hp.max_response_length,
+                              stop=hp.stop, seed=self.seed)
+
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """K samples per held-out prompt at the evaluation temperature, graded: correctness [P, K]."""
         hp = self.hparams
-        sampling = SamplingConfig(temperature=hp.val_temperature, top_p=1.0, max_tokens=hp.max_response_length,
-                                  stop=hp.stop, seed=self.seed)
-        completions, _, _ = self._generate(records, hp.val_k, sampling)
+        completions, _, _ = self._generate(records, hp.val_k, self.val_sampling())
         texts = [c.text for group in completions for c in group]
         golds = [r["answer"] for r in records for _ in range(hp.val_k)]
         correct = torch.tensor(self.reward.batch(texts, golds)) > 0.5

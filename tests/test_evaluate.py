@@ -158,6 +158,41 @@ def test_other_sampling_settings_are_not_mixed_in(tmp_path, tiny_model_dir, arit
         _run(tiny_model_dir, bench, answers, tmp_path, temperature=1.0)
 
 
+def test_fit_batches_draw_and_resume_whole_calls(tmp_path, tiny_model_dir, arith):
+    """`fit_batches` (a fit's validation, `evaluate --like_fit`): calls of B consecutive problems x K,
+    each seeded with the seed itself; a resumed evaluation redraws a call whole, never a part of
+    one, since a sample depends on every row of its call (tests/test_val_equals_eval.py: the fit's
+    own samples)."""
+    bench, answers = arith
+
+    class Recording(FakeEngine):
+        def generate(self, prompts, n=1, sampling=None):
+            if self.fail_on_call is None or self.calls + 1 < self.fail_on_call:
+                self.seen.append((len(prompts), n, sampling.seed, sampling.top_p, sampling.stop))
+            return super().generate(prompts, n, sampling)
+
+    def run(out, **kw):
+        engine = Recording(answers, **kw)
+        engine.seen = []
+        try:
+            _run(tiny_model_dir, bench, answers, out, engine=engine, seed=7, top_p=1.0, stop=["\n\n"], fit_batches=4)
+        except RuntimeError as err:   # the simulated preemption
+            assert "killed" in str(err)
+        return engine.seen
+
+    assert run(tmp_path / "whole") == [(4, 4, 7, 1.0, ["\n\n"]), (2, 4, 7, 1.0, ["\n\n"])]
+    assert run(tmp_path / "cut", fail_on_call=2) == [(4, 4, 7, 1.0, ["\n\n"])]
+    samples = next((tmp_path / "cut").glob("*/arith.samples.jsonl"))
+    text = samples.read_text()
+    samples.write_text(text[: len(text) - 25])                 # the first call torn: redrawn whole
+    assert run(tmp_path / "cut") == [(4, 4, 7, 1.0, ["\n\n"]), (2, 4, 7, 1.0, ["\n\n"])]
+    assert run(tmp_path / "cut") == []                            # finished: nothing drawn
+    whole, cut = (json.loads(next((tmp_path / name).glob("*/arith.done.json")).read_text())
+                  for name in ("whole", "cut"))
+    assert whole["avg@k"] == cut["avg@k"] and whole["settings"]["fit_batches"] == 4
+    assert whole["settings"]["stop"] == ["\n\n"]
+
+
 def test_limit_and_prompt(tmp_path, tiny_model_dir, arith):
     bench, answers = arith
     result, _ = _run(tiny_model_dir, bench, answers, tmp_path, limit=2)

@@ -14,6 +14,10 @@ table commands, which run this over a table's rows, are ``aspo_lit.eval.table_co
 
 The model is an HF hub id, a local folder, "testbed", or a Lightning checkpoint (`.ckpt`) of
 `ASPOModule`, exported to HF format on the fly (``aspo_lit.export.export_checkpoint``).
+
+``--like_fit`` evaluates a fit's own held-out problems with its validation loop's settings, so that
+the number is the ``val/avg@K`` the fit logged (``aspo_lit.eval.like_fit``, docs/evaluation.md,
+"In-training validation and offline evaluation").
 """
 from __future__ import annotations
 
@@ -46,6 +50,8 @@ log = logging.getLogger(__name__)
 #: evaluation scripts' (Archer2.0, scripts/eval/run_eval.sh: `top_p=0.95` for LiveCodeBench v5 and
 #: v6; tools/run_eval_pipeline.sh: `top_p=0.95` for LiveCodeBench, AIME24 and AIME25), with top_k off.
 SAMPLING_DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "max_tokens": 32768, "seed": 0}
+#: The `evaluate` command's defaults for the options it leaves unset (None: `--like_fit` tells them apart).
+EVALUATE_DEFAULTS = {**SAMPLING_DEFAULTS, "engine": "auto", "template": "chat", "verifier": "either"}
 EVAL_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -76,11 +82,13 @@ def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8,
                    top_p=SAMPLING_DEFAULTS["top_p"], max_tokens=32768, engine="auto", limit=None,
                    seed=0, *, tag=None, data_dir=None, template="chat", enable_thinking=False,
                    reward=None, samples_per_call=1024, engine_kwargs=None, code_reward=None,
-                   system_prompt=None, dtype=None, failures: dict[str, str] | None = None) -> dict[str, dict]:
+                   system_prompt=None, dtype=None, failures: dict[str, str] | None = None,
+                   stop: list[str] | None = None, fit_batches: int | None = None) -> dict[str, dict]:
     """Evaluate one model on benchmarks; returns {benchmark: metrics} (see `done.json`).
 
-    benchmarks: names ("aime24", ...) or dicts {"name", "path"?, "k"?, "limit"?, "rows"?, ...}
-    ("rows": the benchmark's rows, already loaded).
+    benchmarks: names ("aime24", ...) or dicts {"name", "path"?, "k"?, "limit"?, "rows"?, "meta"?, ...}
+    ("rows": the benchmark's rows, already loaded; a row with ``prompt_ids`` is sampled from those
+    token ids as they are; "meta": more settings to pin in its `meta.json`).
     k: None (each benchmark's paper K), an int, or {name: K}. limit: first N problems.
     engine: "auto" / an engine name for `aspo_lit.rollout.build_engine`, or a RolloutEngine (used
     as it is: `dtype` does not reach it).
@@ -92,6 +100,10 @@ def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8,
     system_prompt: an optional system message for code prompts (default none).
     failures: None: the first benchmark that cannot be loaded or evaluated raises. A dict: each
     such benchmark is recorded there ({name: reason}) and the others are evaluated.
+    stop: stop strings (default none).
+    fit_batches: None (default): engine calls of up to `samples_per_call` samples, each seeded by
+    `_call_seed`. An int B: a fit's validation draw (`data_modules.math.RLDataModule.evaluate`):
+    calls of B consecutive problems x K samples, every call seeded with `seed` itself.
     """
     out = Path(out_dir) / (tag or model_tag(model))
     out.mkdir(parents=True, exist_ok=True)
@@ -99,6 +111,8 @@ def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8,
                    cache_dir=Path(out_dir) / ".exported", code_reward=code_reward,
                    system_prompt=system_prompt, dtype=eval_dtype(dtype))
     sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed}
+    # pinned only when set, so that results folders written before them stay readable
+    sampling.update({key: value for key, value in (("stop", stop), ("fit_batches", fit_batches)) if value})
     results = {}
     try:
         for spec in benchmarks:
@@ -110,7 +124,8 @@ def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8,
                     rows = load_benchmark(bench, path=spec.get("path"), data_dir=data_dir)
                 bench_limit = spec.get("limit", limit)
                 rows = rows[:bench_limit] if bench_limit else rows
-                results[bench.name] = _evaluate_benchmark(run, bench, rows, bench.k, sampling, samples_per_call)
+                results[bench.name] = _evaluate_benchmark(run, bench, rows, bench.k, sampling, samples_per_call,
+                                                          spec.get("meta"))
             except Exception as e:   # with `failures`, one benchmark must not lose the others
                 if failures is None:
                     raise
@@ -223,6 +238,8 @@ class _EvalRun:
         return self._engine
 
     def prompt_ids(self, row: dict, domain: str = "math") -> list[int]:
+        if "prompt_ids" in row:   # encoded by its source (a fit's DataModule: aspo_lit.eval.like_fit)
+            return list(row["prompt_ids"])
         if domain == "choice":
             return encode_choice_prompt(row, self.tokenizer, self.template, self.enable_thinking)
         if domain == "code":
@@ -240,12 +257,12 @@ class _EvalRun:
             getattr(self._code_reward, "close", lambda: None)()
 
 
-def _evaluate_benchmark(run, bench, rows, k, sampling, samples_per_call) -> dict:
+def _evaluate_benchmark(run, bench, rows, k, sampling, samples_per_call, extra_meta=None) -> dict:
     out = run.out
     done_path = out / f"{bench.name}.done.json"
     ids = [r["id"] for r in rows]
     ids_sha1 = hashlib.sha1("\n".join(ids).encode()).hexdigest()
-    meta = {**run.meta_for(bench), **_grading_meta(run, bench, rows), **sampling}
+    meta = {**run.meta_for(bench), **_grading_meta(run, bench, rows), **(extra_meta or {}), **sampling}
     pin_settings(out / f"{bench.name}.meta.json", meta)
     done = read_done(done_path, k, ids_sha1)
     if done is not None and all(field in done for field in SE_FIELDS):
@@ -255,14 +272,17 @@ def _evaluate_benchmark(run, bench, rows, k, sampling, samples_per_call) -> dict
 
     samples_path = out / f"{bench.name}.samples.jsonl"
     records = read_sample_records(samples_path)
-    todo = [(i, row, [s for s in range(k) if (row["id"], s) not in records])
-            for i, row in enumerate(rows)]
-    todo = [t for t in todo if t[2]]
-    if todo:
-        log.info("%s: %s — %d of %d problems to sample (K=%d)", out.name, bench.name, len(todo),
-                 len(rows), k)
+    if sampling.get("fit_batches"):
+        batches = list(_fit_batches(rows, k, sampling["fit_batches"], records))
+    else:
+        todo = [(i, row, [s for s in range(k) if (row["id"], s) not in records])
+                for i, row in enumerate(rows)]
+        batches = list(_engine_batches([t for t in todo if t[2]], samples_per_call))
+    if batches:
+        log.info("%s: %s — %d of %d problems to sample (K=%d)", out.name, bench.name,
+                 sum(len(b) for b in batches), len(rows), k)
         with open(samples_path, "a", encoding="utf-8") as sink:
-            for batch in _engine_batches(todo, samples_per_call):
+            for batch in batches:
                 _sample_batch(run, batch, sampling, sink, records, bench.domain)
 
     counts, tokens, truncated = [], [], 0
@@ -311,13 +331,25 @@ def _engine_batches(todo, samples_per_call):
         yield batch
 
 
+def _fit_batches(rows, k, problems_per_call, records):
+    """The calls of a fit's validation loop (`fit_batches`): consecutive `problems_per_call`
+    problems, K samples each, as its dataloader batches them (`RLDataModule.val_dataloader`). A
+    call whose samples are all recorded is skipped; any other is drawn whole, since a sample
+    depends on every row of its call."""
+    for start in range(0, len(rows), problems_per_call):
+        batch = [(i, row, list(range(k))) for i, row in enumerate(rows[start:start + problems_per_call], start)]
+        if any((row["id"], s) not in records for _, row, samples in batch for s in samples):
+            yield batch
+
+
 def _sample_batch(run, batch, sampling, sink, records, domain="math") -> None:
     engine = run.engine
     n = len(batch[0][2])
     first_index, first_sample = batch[0][0], batch[0][2][0]
+    # a fit's validation seeds every call with its run seed (RLDataModule.val_sampling)
+    seed = sampling["seed"] if sampling.get("fit_batches") else _call_seed(sampling["seed"], first_index, first_sample)
     config = SamplingConfig(temperature=sampling["temperature"], top_p=sampling["top_p"],
-                            max_tokens=sampling["max_tokens"],
-                            seed=_call_seed(sampling["seed"], first_index, first_sample))
+                            max_tokens=sampling["max_tokens"], stop=sampling.get("stop"), seed=seed)
     outputs = engine.generate([run.prompt_ids(row, domain) for _, row, _ in batch], n, config)
     if len(outputs) != len(batch) or any(len(o) != n for o in outputs):
         raise RuntimeError(f"engine returned {[len(o) for o in outputs]} samples for "
@@ -333,6 +365,7 @@ def _sample_batch(run, batch, sampling, sink, records, domain="math") -> None:
         scores = reward.batch(texts, golds)
     think_end = getattr(reward, "think_end_token", "</think>")
     flat = iter(zip([c for completions in outputs for c in completions], scores, statuses))
+    lines = []
     for _, row, sample_indices in batch:
         for s in sample_indices:
             completion, score, status = next(flat)
@@ -343,9 +376,10 @@ def _sample_batch(run, batch, sampling, sink, records, domain="math") -> None:
                    "num_tokens": len(completion.token_ids)}
             if status is not None:
                 rec["status"] = status
-            sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
             records[(row["id"], s)] = rec
-        sink.flush()
+    sink.write("".join(lines))   # one write per call: a kill leaves whole calls (and a torn last line)
+    sink.flush()
 
 
 def _extracted(text: str, domain: str, think_end: str | None):
@@ -368,14 +402,15 @@ def _call_seed(seed: int, problem_index: int, sample_index: int) -> int:
 def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[str, str] | None = None,
              data_dir: str | None = None, out: str = "runs/eval", tag: str | None = None,
              k: int | None = None, limit: int | None = None,
-             temperature: float = SAMPLING_DEFAULTS["temperature"], top_p: float = SAMPLING_DEFAULTS["top_p"],
-             max_tokens: int = SAMPLING_DEFAULTS["max_tokens"], seed: int = SAMPLING_DEFAULTS["seed"],
-             engine: str = "auto", template: Literal["chat", "plain"] = "chat",
+             temperature: float | None = None, top_p: float | None = None,
+             max_tokens: int | None = None, seed: int | None = None,
+             engine: str | None = None, template: Literal["chat", "plain"] | None = None,
              sandbox: Literal["bwrap", "rlimit"] = "bwrap", reward_timeout: float = 6.0,
              reward_total_timeout: float = 120.0,
              reward_workers: int | None = None,
              dtype: Literal["bfloat16", "float16", "float32"] | None = None,
-             verifier: Literal["either", "released", "math_verify", "deepscaler"] = "either") -> int:
+             verifier: Literal["either", "released", "math_verify", "deepscaler"] | None = None,
+             like_fit: str | None = None) -> int:
     """avg@K / pass@K of one model on the math, code or multiple-choice benchmarks.
 
     Args:
@@ -388,31 +423,51 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
         tag: results folder name (default: from the model).
         k: samples per problem (default: the paper's K).
         limit: the first N problems of each benchmark.
-        temperature: sampling temperature (the paper: 0.8).
-        top_p: nucleus sampling (the authors' evaluation scripts: 0.95).
-        max_tokens: new tokens per sample.
-        seed: sampling seed.
-        engine: 'auto', 'hf' or 'vllm' (aspo_lit.rollout.build_engine).
-        template: the model's chat template ('chat') or the bare message ('plain').
+        temperature: sampling temperature (default 0.8, the paper's).
+        top_p: nucleus sampling (default 0.95, the authors' evaluation scripts').
+        max_tokens: new tokens per sample (default 32768).
+        seed: sampling seed (default 0).
+        engine: 'auto' (default), 'hf' or 'vllm' (aspo_lit.rollout.build_engine).
+        template: the model's chat template ('chat', default) or the bare message ('plain').
         sandbox: code benchmarks: bubblewrap (default) or rlimit-only isolation (opt-in).
         reward_timeout: code benchmarks: seconds per test (LiveCodeBench: 6; the authors' Table 2: 150).
         reward_total_timeout: code benchmarks: seconds per program over all its tests (the bound on
             DeepCoder's ``(per-test + 1) * tests + 5``; ``inf`` lifts it, as conf/table2.yaml).
         reward_workers: code benchmarks: programs graded in parallel (default: CPU count).
         dtype: the weights' dtype in the engine, checkpoints and hub models alike (null: bfloat16
-            on GPU, as the authors; float32 on CPU).
+            on GPU, as the authors; float32 on CPU; with like_fit: the fit's model.torch_dtype).
         verifier: math benchmarks: the verifier rule of `aspo_lit.rewards.MathReward`
-            (docs/grading.md).
+            (default 'either'; docs/grading.md).
+        like_fit: a fit's config.yaml (runs/NAME/version_N/config.yaml, or that folder): evaluate
+            the fit's held-out problems as its validation loop did, so that avg@K is the
+            val/avg@K it logged for this checkpoint: its K, temperature, top_p, max tokens, seeds,
+            batches, prompts, engine and grader (data.reward; the code-grader options above do not
+            apply). The options that choose problems or samples are then the fit's and must be left
+            out (docs/evaluation.md, "In-training validation and offline evaluation").
     """
     setup_logging()
-    paths = data_paths or {}
-    names = benchmarks or list(TABLE1_BENCHMARKS)
-    evaluate_model(model, [{"name": n, "path": paths.get(n)} for n in names], out, k=k,
-                   temperature=temperature, top_p=top_p, max_tokens=max_tokens, engine=engine,
-                   limit=limit, seed=seed, tag=tag, data_dir=data_dir, template=template, dtype=dtype,
-                   reward={"verifier": verifier},
-                   code_reward={"sandbox": sandbox, "timeout_s": reward_timeout, "num_workers": reward_workers,
-                                "max_total_timeout_s": reward_total_timeout})
+    chosen = {"benchmarks": benchmarks, "data_paths": data_paths, "data_dir": data_dir, "k": k, "limit": limit,
+              "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed,
+              "engine": engine, "template": template, "verifier": verifier}
+    if like_fit is not None:
+        from aspo_lit.eval.like_fit import evaluate_like_fit
+
+        given = [f"--{name}" for name, value in chosen.items() if value is not None]
+        if given:
+            raise ValueError(f"evaluate: with --like_fit the problems and sampling are the fit's; leave out "
+                             f"{', '.join(given)}")
+        evaluate_like_fit(model, like_fit, out, tag=tag, dtype=dtype)
+    else:
+        s = {name: EVALUATE_DEFAULTS[name] if value is None and name in EVALUATE_DEFAULTS else value
+             for name, value in chosen.items()}
+        paths = data_paths or {}
+        names = benchmarks or list(TABLE1_BENCHMARKS)
+        evaluate_model(model, [{"name": n, "path": paths.get(n)} for n in names], out, k=k,
+                       temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_tokens"],
+                       engine=s["engine"], limit=limit, seed=s["seed"], tag=tag, data_dir=data_dir,
+                       template=s["template"], dtype=dtype, reward={"verifier": s["verifier"]},
+                       code_reward={"sandbox": sandbox, "timeout_s": reward_timeout, "num_workers": reward_workers,
+                                    "max_total_timeout_s": reward_total_timeout})
     folder = Path(out) / (tag or model_tag(model))
     print((folder / "results.md").read_text())
     print(f"per-sample records and results in {folder}")

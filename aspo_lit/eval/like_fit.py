@@ -1,0 +1,170 @@
+"""A fit's validation as an offline evaluation: ``python -m aspo_lit evaluate --like_fit``.
+
+A fit logs ``val/avg@K`` and ``val/pass@K`` of its held-out problems (`ASPOModule.validation_step`),
+sampled and graded by its DataModule (`data_modules.math.RLDataModule.evaluate`). ``evaluate`` on
+its own samples as the paper's evaluation (top_p 0.95, a seed per engine call, the benchmark's
+prompt), so on the same checkpoint the two numbers differ by sampling noise. With ``--like_fit`` it
+takes from the fit's saved config what the validation loop used, and draws the same samples:
+
+* the problems: the DataModule's `val_rows` (its held-out split, ``val_max_problems``, prompts
+  over ``max_prompt_length`` dropped), in its order, encoded by its own ``encode_row`` with the
+  fit's tokenizer (``model.model_name_or_path``);
+* the sampling: its `val_sampling` (``val_temperature``, top_p 1.0, ``max_response_length``,
+  ``stop``), K = ``val_k``;
+* the calls and seeds: ``val_batch_size`` consecutive problems x K samples per engine call, each
+  call seeded with the run's seed (`fit_seed`), as its validation dataloader batches them;
+* the engine (``data.engine``), in the policy's dtype (``model.torch_dtype``), and the grader
+  (``data.reward``).
+
+With the transformers engine on one process the samples are the fit's bit for bit, so avg@K and
+pass@K are the logged ones (tests/test_val_equals_eval.py). docs/evaluation.md, "In-training
+validation and offline evaluation", says where the two may still differ.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from aspo_lit.export import is_checkpoint
+from aspo_lit.rollout import SamplingConfig
+
+log = logging.getLogger(__name__)
+
+#: The benchmark name of a fit's held-out problems in the results folder (``fit_val.done.json``).
+FIT_VAL = "fit_val"
+
+
+@dataclass(frozen=True)
+class FitValidation:
+    """What a fit's validation loop sampled and graded, as `evaluate_model` takes it."""
+
+    config: Path                   # the fit's config.yaml
+    datamodule: str                # its data.class_path
+    rows: list[dict[str, Any]]     # {id, problem, answer, prompt_ids, ...}, in the loop's order
+    k: int                         # data.val_k
+    sampling: SamplingConfig       # RLDataModule.val_sampling()
+    val_batch_size: int            # problems per engine call
+    engine: Any                    # data.engine: a name or a RolloutEngine
+    dtype: str | None              # model.torch_dtype (None: "auto", the evaluation's default)
+    template: str                  # data.prompt_template
+    reward: Any                    # data.reward (the DataModule's grader)
+    domain: str                    # "math" or "code"
+
+    def benchmark(self) -> dict[str, Any]:
+        prompts = hashlib.sha1(repr([row["prompt_ids"] for row in self.rows]).encode()).hexdigest()
+        return {"name": FIT_VAL, "k": self.k, "rows": self.rows, "domain": self.domain,
+                "meta": {"like_fit": str(self.config), "datamodule": self.datamodule, "prompt_ids_sha1": prompts}}
+
+    def evaluate_kwargs(self) -> dict[str, Any]:
+        s = self.sampling
+        return {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "stop": s.stop,
+                "seed": s.seed, "fit_batches": self.val_batch_size, "engine": self.engine, "dtype": self.dtype,
+                "template": self.template, "reward": self.reward, "code_reward": self.reward}
+
+
+def fit_config_path(config: str | Path) -> Path:
+    """A fit's config.yaml: the file itself or the version folder that holds it."""
+    path = Path(config)
+    if path.is_dir():
+        path = path / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"like_fit: no fit config {str(path)!r} (a fit writes runs/NAME/version_N/config.yaml)")
+    return path
+
+
+def fit_seed(config: dict[str, Any], checkpoint: str | Path | None = None) -> int:
+    """The seed the fit's validation sampled with (`aspo_lit.seeding.run_seed`): ``data.seed``,
+    else ``seed_everything`` (LightningCLI writes the seed it drew), else 0; a checkpoint's own
+    record wins (a resumed run keeps its first launch's seed, `RLDataModule.load_state_dict`)."""
+    data = config.get("data") or {}
+    seed = (data.get("init_args") or {}).get("seed")
+    if seed is None:
+        everything = config.get("seed_everything")
+        seed = everything if isinstance(everything, int) and not isinstance(everything, bool) else 0
+    if checkpoint is not None and is_checkpoint(checkpoint) and Path(checkpoint).exists():
+        state = _checkpoint_entry(Path(checkpoint), str(data.get("class_path", "")).rsplit(".", 1)[-1])
+        if isinstance(state, dict) and state.get("seed") is not None and int(state["seed"]) != int(seed):
+            log.warning("like_fit: %s sampled with seed %s (its config says %s): using the checkpoint's",
+                        checkpoint, state["seed"], seed)
+            seed = state["seed"]
+    return int(seed)
+
+
+def fit_validation(config: str | Path, checkpoint: str | Path | None = None) -> FitValidation:
+    """The fit's validation settings, from its config.yaml (and `checkpoint`, for its seed)."""
+    from aspo_lit.models import load_tokenizer
+    from aspo_lit.module import PolicyHandle
+
+    path = fit_config_path(config)
+    cfg = yaml.safe_load(path.read_text()) or {}
+    data, model = cfg.get("data"), cfg.get("model") or {}
+    if not isinstance(data, dict) or not data.get("class_path"):
+        raise ValueError(f"like_fit: {path} has no data.class_path: not the config.yaml a fit writes")
+    base = model.get("model_name_or_path")
+    if not base:
+        raise ValueError(f"like_fit: {path} has no model.model_name_or_path")
+    init_args = {**(data.get("init_args") or {}), "seed": fit_seed(cfg, checkpoint)}
+    datamodule = _datamodule({"class_path": data["class_path"], "init_args": init_args})
+    tokenizer = load_tokenizer(base)   # the fit's (ASPOModule.tokenizer)
+    # encoding needs only the tokenizer: no policy is built
+    datamodule.attach_policy(PolicyHandle(tokenizer=tokenizer, policy=None, model_path=base, device=torch.device("cpu")))
+    rows = datamodule.val_rows()
+    if not rows:
+        raise ValueError(f"like_fit: the fit of {path} has no held-out problems (data.val_files / data.num_val)")
+    from data_modules.code import CodeRLDataModule
+
+    hp = datamodule.hparams
+    dtype = model.get("torch_dtype", "float32")
+    return FitValidation(
+        config=path, datamodule=data["class_path"], rows=rows, k=hp.val_k, sampling=datamodule.val_sampling(),
+        val_batch_size=hp.val_batch_size, engine=datamodule.engine_spec, dtype=None if dtype == "auto" else dtype,
+        template=hp.prompt_template, reward=datamodule.reward,
+        domain="code" if isinstance(datamodule, CodeRLDataModule) else "math")
+
+
+def evaluate_like_fit(model: str, config: str | Path, out: str | Path, tag: str | None = None,
+                      dtype: str | None = None) -> dict[str, Any]:
+    """Evaluate `model` (the fit's checkpoint, or its export) on the fit's held-out problems with
+    its validation settings; returns the ``fit_val`` metrics (`evaluate_model`'s). `dtype`
+    overrides ``model.torch_dtype`` (a vLLM fit sampled in the engine's dtype)."""
+    from aspo_lit.eval.evaluate import evaluate_model
+
+    fit = fit_validation(config, model)
+    kwargs = fit.evaluate_kwargs()
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    try:
+        return evaluate_model(model, [fit.benchmark()], out, tag=tag, **kwargs)[FIT_VAL]
+    finally:   # built from the config, so ours to close: the grader's workers, an engine instance
+        for owned in (fit.reward, None if isinstance(fit.engine, str) else fit.engine):
+            getattr(owned, "close", lambda: None)()
+
+
+def _datamodule(spec: dict[str, Any]):
+    """The fit's DataModule, built from its ``data`` config as LightningCLI builds it."""
+    from jsonargparse import ArgumentParser
+
+    from data_modules.math import RLDataModule
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_subclass_arguments(RLDataModule, "data", required=True)
+    cfg = parser.parse_object({"data": spec})
+    return parser.instantiate_classes(cfg)["data"]
+
+
+def _checkpoint_entry(path: Path, key: str) -> Any:
+    """One top-level entry of a Lightning checkpoint, without reading its weights into memory
+    (memory-mapped; a sharded checkpoint folder keeps such entries in ``meta.pt``)."""
+    file = path / "meta.pt" if path.is_dir() else path
+    try:
+        checkpoint = torch.load(file, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as err:   # noqa: BLE001 - the seed then comes from the config; export reports a bad file
+        log.warning("like_fit: cannot read %s (%s): the seed comes from the config", file, err)
+        return None
+    return checkpoint.get(key)
