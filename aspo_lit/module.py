@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from aspo_lit.forward import (
@@ -29,6 +30,7 @@ from aspo_lit.forward import (
     responses_from_prompts,
 )
 from aspo_lit.fp16 import check_precision, check_weights_dtype, fsdp_needs_grad_scaler
+from aspo_lit.kl_reference import ReferenceHolder, drop_reference_weights
 from aspo_lit.losses import (
     KLKind,
     PolicyLoss,
@@ -100,7 +102,7 @@ class PolicyHandle:
     device: torch.device
 
 
-class ASPOModule(LightningModule):
+class ASPOModule(ReferenceHolder, LightningModule):
     """The RL learner of GRPO-style on-policy RL (paper eq. 1) with a swappable policy loss.
 
     Args:
@@ -223,7 +225,6 @@ class ASPOModule(LightningModule):
         self.hparams["loss_name"] = loss if isinstance(loss, str) else type(loss).__name__
         self.automatic_optimization = False
         self.policy: torch.nn.Module | None = None
-        self.ref_policy: torch.nn.Module | None = None
         self.tokenizer = load_tokenizer(model_name_or_path)
         self._nonfinite_in_a_row = 0
         self.skipped_steps_total = 0
@@ -239,7 +240,9 @@ class ASPOModule(LightningModule):
         device and receive their shards from rank 0 (`aspo_lit.models.shard_and_broadcast`), so a
         node holds one full host copy instead of one per rank. The frozen reference is held in the
         strategy's compute dtype (bf16 on GPU, as verl): its forward runs in that dtype under the
-        mixed-precision policy anyway, so its log-probs are the same, at half the memory.
+        mixed-precision policy anyway, so its log-probs are the same, at half the memory. It is
+        not part of the module's state dict (`aspo_lit.kl_reference`): checkpoints carry the policy
+        only, and a resumed fit rebuilds the reference here from the base checkpoint, as a fresh one.
         """
         if self.policy is not None:
             return
@@ -282,8 +285,8 @@ class ASPOModule(LightningModule):
         check_weights_dtype(next(self.policy.parameters()).dtype, f"{hp.torch_dtype} (a checkpoint stored in fp16)")
         if hp.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if hp.kl_coef > 0:
-            self.ref_policy = build(getattr(mp_policy, "param_dtype", None) or hp.torch_dtype)
+        if hp.kl_coef > 0:  # held outside the checkpoint: rebuilt here on resume too (aspo_lit.kl_reference)
+            self.hold_reference(build(getattr(mp_policy, "param_dtype", None) or hp.torch_dtype))
             self.ref_policy.eval().requires_grad_(False)
         if hp.share_prompt and not prompt_sharing_applies(self.policy):
             raise ValueError(
@@ -651,6 +654,8 @@ class ASPOModule(LightningModule):
             checkpoint["aspo_lit"]["grad_scaler"] = self.grad_scaler.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        drop_reference_weights(checkpoint)  # an older checkpoint's ref_policy.*: the base's, rebuilt by configure_model
+        self._check_same_base(checkpoint)
         state = checkpoint.get("aspo_lit", {})
         self.skipped_steps_total = state.get("skipped_steps_total", 0)
         self._nonfinite_in_a_row = state.get("nonfinite_in_a_row", 0)
@@ -658,6 +663,15 @@ class ASPOModule(LightningModule):
             self.seed = int(state["seed"])
         if self.grad_scaler is not None and state.get("grad_scaler"):  # configure_model made it
             self.grad_scaler.load_state_dict(state["grad_scaler"])
+
+    def _check_same_base(self, checkpoint: dict[str, Any]) -> None:
+        """Warn when the checkpoint was trained from another base than this run's: the KL reference
+        is rebuilt from this run's ``model.model_name_or_path`` (both are the resolved paths)."""
+        saved = (checkpoint.get("hyper_parameters") or {}).get("model_name_or_path")
+        current = self.hparams.model_name_or_path
+        if self.ref_policy is not None and saved is not None and saved != current:
+            rank_zero_warn(f"model.model_name_or_path is {current!r}, but the checkpoint was trained from {saved!r}: "
+                           f"the KL reference is rebuilt from {current!r}. Resume with the run's own base model")
 
     def export_hf(self, out_dir: str) -> str:
         """Save the policy in HF format (`save_pretrained`) with its tokenizer, for vLLM evaluation."""

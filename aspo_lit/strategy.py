@@ -15,6 +15,9 @@ lr 1e-6 to rounding: a bf16 weight of magnitude 0.02 changes only by steps of 2^
 `param_dtype: float16` (or `reduce_dtype: float16`) is fp16 compute on the same fp32 master weights:
 `ASPOModule` then scales the loss with torch's `ShardedGradScaler` (`aspo_lit.fp16`; docs/gpu.md,
 "fp16 compute"), as verl's FSDP workers do for fp16.
+
+Each rank runs its share of the host's physical cores as torch threads (`aspo_lit.threads`), unless
+``OMP_NUM_THREADS`` is set.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from typing import Any, Literal, get_args
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info
 
 from aspo_lit.settings import check_choice
+from aspo_lit.threads import set_threads_per_rank, user_thread_settings
 
 ComputeDType = Literal["float32", "bfloat16", "float16"]
 _DTYPES = {name: getattr(torch, name) for name in get_args(ComputeDType)}
@@ -52,10 +57,17 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().__init__(data_parallel_size="auto", tensor_parallel_size=1, **kwargs)
         self.param_dtype = param_dtype
         self.reduce_dtype = reduce_dtype
+        # read before Lightning's launcher sets OMP_NUM_THREADS in each rank: only the user's setting is kept
+        self.user_thread_settings = user_thread_settings()
 
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+        self.set_threads()
+
+    def set_threads(self) -> None:
+        """This rank's torch threads: its share of the host's cores (`aspo_lit.threads`), logged once."""
+        rank_zero_info(set_threads_per_rank(self.num_processes, self.user_thread_settings))
 
     @property
     def mp_policy(self):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -217,7 +219,7 @@ def test_share_prompt_keeps_the_metrics_with_fewer_tokens(testbed, tmp_path, mon
     monkeypatch.setattr(ASPOModule, "configure_model", configure_model)
     args = ("--model.ppo_epochs=2", "--model.max_tokens_per_micro_batch=300")  # 2-4 micro-batches a mini-batch
     for run in ("rows", "shared"):
-        extra = ("--model.share_prompt=true",) if run == "shared" else ()
+        extra = (f"--model.share_prompt={run == 'shared'}".lower(),)  # the testbed config has it on
         assert main(fit_args(testbed, tmp_path, run, 4, *args, *extra)) == 0
     assert seen["shared"] < 0.9 * seen["rows"], seen
     (rows,), (shared,) = (deterministic_part(read_metrics(tmp_path / n)).values() for n in ("rows", "shared"))
@@ -253,34 +255,90 @@ def _launch(args: list[str], cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_interrupt_then_resume_matches_uninterrupted(testbed, tmp_path):
-    """Ctrl-C mid-run saves last.ckpt after the current step; `--ckpt_path last` continues exactly."""
-    steps = 8
-    assert main(fit_args(testbed, tmp_path, "full", steps)) == 0
-    reference = deterministic_part(read_metrics(tmp_path / "full"))
+@pytest.fixture(scope="module")
+def interrupted(testbed, tmp_path_factory) -> SimpleNamespace:
+    """An uninterrupted run's metrics (``reference``), and a run of the same config that Ctrl-C
+    stopped after its first steps: its experiment folder ``root / "cut"`` (metrics, last.ckpt)."""
+    root, steps = tmp_path_factory.mktemp("interrupted"), 8
+    assert main(fit_args(testbed, root, "full", steps)) == 0
+    reference = deterministic_part(read_metrics(root / "full"))
 
-    args = fit_args(testbed, tmp_path, "cut", steps)
-    proc = _launch(args, REPO)
-    metrics = tmp_path / "cut" / "version_0" / "metrics.csv"
+    proc = _launch(fit_args(testbed, root, "cut", steps), REPO)
     deadline = time.time() + 300
-    last = tmp_path / "cut" / "checkpoints" / "last.ckpt"
+    last = root / "cut" / "checkpoints" / "last.ckpt"
     while not last.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
     assert last.exists(), proc.communicate()[0][-3000:]
     proc.send_signal(signal.SIGINT)  # lands somewhere inside the next step
     output = proc.communicate(timeout=300)[0]
     assert "saved" in output and "last.ckpt" in output, output[-3000:]
-    done_before = deterministic_part(read_metrics(tmp_path / "cut"))
+    done_before = deterministic_part(read_metrics(root / "cut"))
     assert 0 < len(done_before) < steps // 2, f"interrupted too late: {sorted(done_before)}"
-    assert metrics.exists()
+    assert (root / "cut" / "version_0" / "metrics.csv").exists()
+    return SimpleNamespace(root=root, steps=steps, reference=reference, last=last)
 
-    assert main(args + ["--ckpt_path", "last"]) == 0
-    resumed = deterministic_part(read_metrics(tmp_path / "cut"))
+
+def _resume_a_copy(testbed, interrupted, save_dir: Path, edit_checkpoint=None) -> dict[int, dict[str, float]]:
+    """Resume a copy of the interrupted run (its checkpoint first changed by ``edit_checkpoint``, a
+    function of the checkpoint's path) with ``--ckpt_path last``; its metrics, merged over versions."""
+    shutil.copytree(interrupted.root / "cut", save_dir / "cut")
+    if edit_checkpoint is not None:
+        edit_checkpoint(save_dir / "cut" / "checkpoints" / "last.ckpt")
+    assert main(fit_args(testbed, save_dir, "cut", interrupted.steps, "--ckpt_path", "last")) == 0
+    return deterministic_part(read_metrics(save_dir / "cut"))
+
+
+def _assert_same_run(resumed, reference) -> None:
     assert sorted(resumed) == sorted(reference)
     for step in sorted(reference):
         # the same computation on the same kernels from the restored state: the same bits (measured so)
         assert resumed[step] == reference[step], (step, {k: (v, reference[step].get(k)) for k, v in resumed[step].items()
                                                          if v != reference[step].get(k)})
+
+
+def test_interrupt_then_resume_matches_uninterrupted(testbed, interrupted, tmp_path):
+    """Ctrl-C mid-run saves last.ckpt after the current step; `--ckpt_path last` continues exactly,
+    ``train/kl`` included: the checkpoint leaves the frozen reference out and the resumed run
+    rebuilds it from the base model (aspo_lit.kl_reference)."""
+    assert all("train/kl" in row for row in interrupted.reference.values())
+    _assert_same_run(_resume_a_copy(testbed, interrupted, tmp_path), interrupted.reference)
+
+
+def _reference_weights(testbed) -> dict:
+    """What the module held as its reference: the base weights, in model.torch_dtype (float32 here)."""
+    from aspo_lit.models import load_policy
+
+    return load_policy(testbed, "float32").state_dict()
+
+
+def test_checkpoint_leaves_out_the_reference(testbed, interrupted, tmp_path):
+    """The checkpoint of a run with a KL term holds the policy's tensors and no reference's, and is
+    smaller than the same checkpoint with them by at least the reference's bytes."""
+    import torch
+
+    checkpoint = torch.load(interrupted.last, map_location="cpu", weights_only=False)
+    assert checkpoint["hyper_parameters"]["kl_coef"] > 0  # the run has a reference
+    base = _reference_weights(testbed)
+    assert set(checkpoint["state_dict"]) == {f"policy.{name}" for name in base}
+    checkpoint["state_dict"].update({f"ref_policy.{name}": t for name, t in base.items()})  # as one written before
+    torch.save(checkpoint, tmp_path / "with_reference.ckpt")
+    reference_bytes = sum(t.numel() * t.element_size() for t in base.values())
+    size, with_reference = interrupted.last.stat().st_size, (tmp_path / "with_reference.ckpt").stat().st_size
+    assert size <= with_reference - reference_bytes, (size, with_reference, reference_bytes)
+
+
+def test_checkpoint_with_the_reference_still_resumes(testbed, interrupted, tmp_path):
+    """A checkpoint written while the reference was saved (``ref_policy.*`` keys) resumes like the
+    uninterrupted run: those keys are ignored (here they are not the base's weights, which a loaded
+    reference would show in train/kl) and the reference rebuilt from the base model."""
+    import torch
+
+    def add_reference(path: Path) -> None:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        checkpoint["state_dict"].update({f"ref_policy.{name}": t + 0.5 for name, t in _reference_weights(testbed).items()})
+        torch.save(checkpoint, path)
+
+    _assert_same_run(_resume_a_copy(testbed, interrupted, tmp_path, add_reference), interrupted.reference)
 
 
 @pytest.mark.slow
