@@ -42,3 +42,26 @@ def test_loss_ablations_share_a_resume_check_only_with_a_loss_only_difference(tm
         assert rehearsed["model.loss"] != config_diff(other, CONFIGS[other], [], tmp_path / other)[1]["model.loss"]
     changed = {**rehearsed, "model.lr": rehearsed["model.lr"] * 2}
     assert _same_config(changed, other, ["--data.init_args.engine=hf"], tmp_path, allowed=LOSS_ONLY_KEYS)["differ"] == ["model.lr"]
+
+
+def test_moe_config_rehearses_an_moe_on_vllm(testbed, tmp_path):
+    """`qwen3_30b_a3b` rehearses on an MoE (the tiny Qwen3-MoE of tests/rehearsal/moe.py, not the
+    dense testbed: otherwise no router, expert weight or expert push runs) with the colocated vLLM
+    engine at rollout TP 2, the length reward, and the shipped loss and `rollout_is_cap`."""
+    import json as _json
+    from pathlib import Path
+
+    from aspo_lit.models import resolve_model_path
+    from tests.rehearsal.run import MOE_OVERLAY, VLLM_CONFIGS, config_diff, overlays, run_overrides
+
+    name = "qwen3_30b_a3b"
+    assert MOE_OVERLAY in overlays(CONFIGS[name]) and name in VLLM_CONFIGS
+    check, rehearsed = config_diff(name, CONFIGS[name], run_overrides(name)[1], tmp_path)
+    assert check["ok"], check["outside_overlay"]
+    config = _json.loads((Path(resolve_model_path(rehearsed["model.model_name_or_path"])) / "config.json").read_text())
+    assert config["model_type"] == "qwen3_moe", config["model_type"]
+    assert config["num_local_experts"] > config["num_experts_per_tok"] > 1
+    assert rehearsed["data.init_args.engine.class_path"] == "aspo_lit.rollout.VLLMEngine"
+    assert rehearsed["data.init_args.engine.init_args.tensor_parallel_size"] == 2
+    assert rehearsed["data.init_args.reward.class_path"] == "tests.rehearsal.moe.LengthReward"
+    assert rehearsed["model.rollout_is_cap"] == 2.0 and rehearsed["model.loss"] == "aspo"

@@ -12,7 +12,9 @@ to `out_dir`:
   and how many of the entries with a non-zero gradient changed, the peak host RSS of the
   process (after the models are built, and at the end), and with a vLLM engine, after every
   push (at the start of each rollout batch) whether the engine's weight checksum matches the
-  trainer's (`aspo_lit.rollout.checksum`), with the engine's topology and load call.
+  trainer's (`aspo_lit.rollout.checksum`), with the engine's topology and load call; per call of
+  the module's `_loss_advantages`, whether the loss got per-token advantages (`rollout_is_cap`'s
+  truncated IS weights) and the largest weight; the policy's model_type.
 
 `sigterm_at_batch=k` sends SIGTERM to rank 0's own process at the start of rollout batch k (a
 mid-run interruption, as a scheduler would send).
@@ -52,6 +54,7 @@ class RehearsalProbe(Callback):
         self.engine_checks: list[dict] = []
         self.engine: dict = {}
         self.rss_mib: dict[str, float] = {}
+        self.is_weights: list[dict] = []
 
     @staticmethod
     def _peak_rss_mib() -> float:
@@ -73,6 +76,24 @@ class RehearsalProbe(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.rss_mib["after_configure_model"] = self._peak_rss_mib()
+        self._record_is_weights(pl_module)
+
+    def _record_is_weights(self, pl_module) -> None:
+        """Wrap the module's ``_loss_advantages``: per call, whether the loss got per-token
+        advantages (``model.rollout_is_cap``'s truncated IS weights) and the largest weight."""
+        original = pl_module._loss_advantages
+
+        def recorded(batch, old_logprobs, rows):
+            out = original(batch, old_logprobs, rows)
+            advantages = batch.advantages.float()[rows].to(out.device)
+            per_token = out.ndim == 2
+            weights = out / advantages[:, None] if per_token else torch.ones(1)
+            weights = weights[advantages != 0] if per_token else weights
+            self.is_weights.append({"per_token": per_token,
+                                    "max_weight": float(weights.max()) if weights.numel() else 1.0})
+            return out
+
+        pl_module._loss_advantages = recorded
 
     # -- helpers ---------------------------------------------------------------------------------
     def _snapshot(self, trainer, pl_module) -> None:
@@ -143,5 +164,7 @@ class RehearsalProbe(Callback):
         record = {"world_size": trainer.world_size, "global_step": trainer.global_step, "lrs": self.lrs,
                   "engine": self.engine, "engine_checks": self.engine_checks, "peak_rss_mib": self.rss_mib,
                   "cross_rank_max_diff": self.cross_rank_max_diff, "first_batch": self.first_batch,
-                  "warmup_steps": pl_module.hparams.warmup_steps, "lr": pl_module.hparams.lr}
+                  "is_weights": self.is_weights,
+                  "warmup_steps": pl_module.hparams.warmup_steps, "lr": pl_module.hparams.lr,
+                  "policy_model_type": pl_module.policy.config.model_type}
         (self.out / f"probe_rank{trainer.global_rank}.json").write_text(json.dumps(record, indent=1))

