@@ -50,7 +50,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from lightning.pytorch import Callback
@@ -81,7 +80,7 @@ BF16_GAP_BOUND = 1e-2
 TIED_GAP_BOUND = 3e-2
 
 PROBE = "scripts.gpu_check.GpuCheckProbe"
-LENGTH_REWARD = "scripts.gpu_check.LengthReward"
+LENGTH_REWARD = "aspo_lit.rewards.plumbing.LengthReward"  # the tied testbed earns almost no math reward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,22 +139,6 @@ def qwen2_from_testbed(out: Path, tied: bool = False) -> Path:
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
     return out
-
-
-class LengthReward:
-    """The tied variant's reward: the response's length in characters / 100.
-
-    Tying the testbed's head to its input embedding leaves a model that no longer does arithmetic:
-    with the math reward, 1 response in 256 was correct in two of the 3 rollout batches and none in
-    the third. A batch without reward variance in any group has no gradient, so the weights would
-    not move and the push after it would carry nothing new. Lengths vary within every group, so
-    this reward gives every rollout batch a gradient (docs/gpu.md, the `make gpu-check` paragraph)."""
-
-    def __call__(self, response_text: str, gold: str) -> float:
-        return len(response_text) / 100.0
-
-    def batch(self, texts: Sequence[str], golds: Sequence[str]) -> list[float]:
-        return [self(text, gold) for text, gold in zip(texts, golds)]
 
 
 # -- inside every rank: the probe and the patches it installs -------------------------------------

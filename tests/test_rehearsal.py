@@ -63,5 +63,5 @@ def test_moe_config_rehearses_an_moe_on_vllm(testbed, tmp_path):
     assert config["num_local_experts"] > config["num_experts_per_tok"] > 1
     assert rehearsed["data.init_args.engine.class_path"] == "aspo_lit.rollout.VLLMEngine"
     assert rehearsed["data.init_args.engine.init_args.tensor_parallel_size"] == 2
-    assert rehearsed["data.init_args.reward.class_path"] == "tests.rehearsal.moe.LengthReward"
+    assert rehearsed["data.init_args.reward.class_path"] == "aspo_lit.rewards.plumbing.LengthReward"
     assert rehearsed["model.rollout_is_cap"] == 2.0 and rehearsed["model.loss"] == "aspo"

@@ -7,8 +7,9 @@ rehearsal on it runs none of the MoE code (the router, the fused expert weights,
 vLLM and the checksum's TP accounting of them). :func:`build_tiny_moe` builds the same
 architecture at CPU size (2 layers, hidden 128, 4 experts, top-2, fp32, untied head), with random
 weights, cached in ``<cache>/testbed-moe`` like the testbeds (rebuilt when :data:`MOE_CONFIG`
-changes). Random weights never solve a problem, so :class:`LengthReward` scores a response by its
-length (lengths vary within every group: every rollout batch has a gradient).
+changes). Random weights never solve a problem, so ``aspo_lit.rewards.plumbing.LengthReward``
+scores a response by its length (lengths vary within every group: every rollout batch has a
+gradient).
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["MOE_CONFIG", "LengthReward", "build_tiny_moe", "moe_dir"]
+__all__ = ["MOE_CONFIG", "build_tiny_moe", "moe_dir"]
 
 #: the ``Qwen3MoeConfig`` fields of the stand-in (vocabulary and special tokens: the testbed's)
 MOE_CONFIG = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
@@ -28,17 +28,6 @@ MOE_CONFIG = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=
                   tie_word_embeddings=False, rms_norm_eps=1e-5, initializer_range=0.02)
 SEED = 0
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
-
-
-class LengthReward:
-    """A response's length in characters / 100: a reward with variance in every group for a policy
-    that solves nothing (the rehearsal overlay's only; the shipped config keeps its MathReward)."""
-
-    def __call__(self, response_text: str, gold: str) -> float:
-        return len(response_text) / 100.0
-
-    def batch(self, texts: Sequence[str], golds: Sequence[str]) -> list[float]:
-        return [self(text, gold) for text, gold in zip(texts, golds)]
 
 
 def moe_dir(cache_dir: str | Path | None = None) -> Path:
