@@ -244,6 +244,21 @@ class RLDataModule(LightningDataModule):
         world, rank = self.trainer.world_size, self.trainer.global_rank
         return batch[rank::world]
 
+    def _val_share(self, batch: list[dict[str, Any]], engine: RolloutEngine) -> tuple[list, list]:
+        """This rank's problems of a validation batch, and the filler prompts that pad them.
+
+        Rank r of W takes problems r, r + W, ... of the batch (`_rank_share`), so every problem
+        is decoded and counted by one rank; a colocated vLLM engine with TP > 1 gathers its group's
+        shares into one call (docs/gpu.md, "Validation shards"). An engine whose ranks must step
+        together (``lockstep``: the transformers engine sampling with an FSDP2-sharded policy)
+        needs as many prompts on every rank: a shorter share, even an empty one, is padded with
+        the batch's first problem, decoded and dropped."""
+        mine = self._rank_share(batch)
+        if not getattr(engine, "lockstep", False):
+            return mine, []
+        width = -(-len(batch) // self.trainer.world_size)
+        return mine, [batch[0]] * (width - len(mine))
+
     def train_dataloader(self) -> PromptBatches:
         if self.train_batches is None:
             rows = self._encode(self.load_train_rows(), "train")
@@ -433,22 +448,31 @@ class RLDataModule(LightningDataModule):
             rollout_logprobs=packed["engine_logprobs"],
         ).to(handle.device)
 
-    def val_sampling(self) -> SamplingConfig:
+    def val_sampling(self, rank: int = 0) -> SamplingConfig:
         """The validation loop's sampling: ``val_temperature``, no nucleus cut (top_p 1.0), the
-        rollouts' ``max_response_length`` and ``stop``, and every call (one batch of
-        ``val_batch_size`` problems x ``val_k`` samples) seeded with the run's seed itself."""
+        rollouts' ``max_response_length`` and ``stop``, and every call (rank `rank`'s share of one
+        batch of ``val_batch_size`` problems x ``val_k`` samples) seeded with `val_seed`."""
         hp = self.hparams
         return SamplingConfig(temperature=hp.val_temperature, top_p=1.0, max_tokens=hp.max_response_length,
-                              stop=hp.stop, seed=self.seed)
+                              stop=hp.stop, seed=self.val_seed(rank))
+
+    def val_seed(self, rank: int = 0) -> int:
+        """The seed of rank `rank`'s validation calls: the run's seed itself on rank 0 (one process
+        samples as it always did), ``derived_seed(seed, rank)`` on the others, so that no two
+        ranks draw the same stream (docs/gpu.md, "Validation shards")."""
+        return self.seed if rank == 0 else derived_seed(self.seed, rank)
 
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """K samples per held-out prompt at the evaluation temperature, graded: correctness [P, K]."""
+        """K samples per held-out prompt of this rank's share (`_val_share`) at the evaluation
+        temperature, graded: correctness [P, K], P this rank's problems (0 when it has none)."""
         hp = self.hparams
-        completions, _, _ = self._generate(records, hp.val_k, self.val_sampling())
-        texts = [c.text for group in completions for c in group]
-        golds = [r["answer"] for r in records for _ in range(hp.val_k)]
-        correct = torch.tensor(self.reward.batch(texts, golds)) > 0.5
-        return {"correct": correct.view(len(records), hp.val_k)}
+        mine, filler = self._val_share(records, self._ensure_engine())
+        sampling = self.val_sampling(self.trainer.global_rank)
+        completions, _, _ = self._generate(mine + filler, hp.val_k, sampling)
+        texts = [c.text for group in completions[:len(mine)] for c in group]
+        golds = [r["answer"] for r in mine for _ in range(hp.val_k)]
+        correct = torch.tensor(self.reward.batch(texts, golds) if texts else [], dtype=torch.float32) > 0.5
+        return {"correct": correct.view(len(mine), hp.val_k)}
 
 
 def _validate(args: dict[str, Any]) -> None:

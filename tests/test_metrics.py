@@ -308,3 +308,24 @@ def test_mean_se_and_samples_for_halfwidth():
     assert samples_for_halfwidth(0.836, 0.015) == math.ceil(4 * 0.836 * 0.164 / 0.015 ** 2)
     worst = 0.836 * 0.164 / samples_for_halfwidth(0.836, 0.015)
     assert 2 * math.sqrt(worst) <= 0.015                    # the bound it promises
+
+
+@pytest.mark.parametrize("ranks", [4, 40])
+def test_metrics_over_validation_shards_of_unequal_size(ranks):
+    """A validation's 30 problems in strided shares (`RLDataModule._val_share`): 8, 8, 7, 7 on 4
+    ranks; 1 or none on 40. The ranks' summed states give the metric of the 30 problems, each
+    counted once, and the value `avg_at_k_se` / `pass_at_k_se` compute from the 30 counts."""
+    gen = torch.Generator().manual_seed(3)
+    correct = torch.rand(30, 8, generator=gen) < torch.rand(30, 1, generator=gen)
+    for metric, se in ((AvgAtK(), avg_at_k_se), (PassAtK(8), pass_at_k_se)):
+        shards = []
+        for rank in range(ranks):
+            shard = type(metric)(*([8] if isinstance(metric, PassAtK) else []))
+            shard.update(correct[rank::ranks])  # a rank with no problems updates with none
+            shards.append(shard)
+        for shard in shards[1:]:
+            shards[0].merge_state(shard)    # what the sum reduction over the ranks does
+        assert int(shards[0].num_problems) == 30
+        # float64 sums of 30 scores <= 1 in another order, / 30
+        assert shards[0].compute().item() == pytest.approx(se(correct.sum(1), 8).value, rel=0,
+                                                            abs=reduction_tol(torch.float64, 31, 1.0))

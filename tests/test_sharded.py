@@ -188,3 +188,50 @@ def test_fsdp2_checkpoints_leave_out_the_reference_and_resume(tiny_model_dir, tm
         assert run["grad_norms"] == full["grad_norms"][1:] and run["diagnostics"] == full["diagnostics"][1:], name
         assert run["weights"] == full["weights"], name
     assert {rank["threads"] for per_rank in result["runs"].values() for rank in per_rank} == {2}
+
+
+VAL_SCRIPT = Path(__file__).with_name("sharded_val.py")
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+def test_validation_is_sharded_over_ranks(tiny_model_dir, tmp_path, strategy):
+    """Validation on 2 ranks with the real DataModule and transformers engine (tests/sharded_val.py):
+    5 problems in batches of 4 and 1, so the shares are unequal (3 and 2) and rank 1 has none in
+    the second call. Each rank decodes and counts its share of each batch (problems r, r + 2, ...),
+    the shares are the val set with no problem twice, and the logged avg@K / pass@K are the means
+    over the problems of what the ranks decoded. Under FSDP2 the engine samples from the shards in
+    lockstep: every call has as many prompts on both ranks, a short share padded with the batch's
+    first problem, decoded and not counted; under DDP a rank with no problems calls with none."""
+    out = tmp_path / "val.json"
+    cmd = [sys.executable, str(VAL_SCRIPT), "--model", str(tiny_model_dir), "--devices", "2",
+           "--strategy", strategy, "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    problems, size, k = result["problems"], result["val_batch_size"], result["k"]
+    batches = [problems[i:i + size] for i in range(0, len(problems), size)]
+    counted: dict[str, list[float]] = {}
+    for rank, calls in enumerate(result["calls_per_rank"]):
+        assert len(calls) == len(batches), rank                      # every rank takes part in every call
+        seeds = {call["seed"] for call in calls}                     # rank 0: the run's seed, as one process
+        assert seeds == {5} if rank == 0 else (len(seeds) == 1 and 5 not in seeds), (rank, seeds)
+        for batch, call in zip(batches, calls):
+            share = batch[rank::2]
+            filler = call["problems"][len(share):]
+            assert call["problems"][:len(share)] == share, (rank, call["problems"])
+            assert filler == ([batch[0]] * (-(-len(batch) // 2) - len(share)) if strategy == "fsdp2" else []), rank
+            for problem, grades in zip(share, call["grades"]):
+                assert problem not in counted, problem               # no problem decoded by two ranks
+                counted[problem] = grades
+    assert sorted(counted) == sorted(problems)
+    if strategy == "fsdp2":  # lockstep: both ranks decode as many prompts in every call
+        assert [len(c["problems"]) for c in result["calls_per_rank"][0]] == \
+            [len(c["problems"]) for c in result["calls_per_rank"][1]]
+    avg = sum(sum(g) / k for g in counted.values()) / len(counted)
+    solved = sum(any(g) for g in counted.values()) / len(counted)
+    assert 0 < avg < 1 and 0 < solved                                # the grades vary: not a vacuous check
+    # float64 sums of 5 problems' scores, logged as fp32
+    assert result["val"][f"val/avg@{k}"] == pytest.approx(avg, rel=rounding_tol(torch.float32, 2), abs=0)
+    assert result["val"][f"val/pass@{k}"] == pytest.approx(solved, rel=rounding_tol(torch.float32, 2), abs=0)

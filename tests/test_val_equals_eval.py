@@ -91,3 +91,19 @@ def test_like_fit_takes_the_problems_and_sampling_from_the_fit(tmp_path):
         main(["evaluate", "--model", "testbed", "--like_fit", str(tmp_path), "--top_p", "0.95", "--seed", "1"])
     with pytest.raises(FileNotFoundError, match="config.yaml"):
         main(["evaluate", "--model", "testbed", "--like_fit", str(tmp_path)])
+
+
+def test_like_fit_warns_for_a_fit_on_several_processes(tmp_path, caplog):
+    """A fit on N processes sampled each rank's share with its own seed: --like_fit, one process,
+    says that it draws other samples (by the fit's trainer.devices x trainer.num_nodes); a
+    one-process fit gets no warning."""
+    from aspo_lit.eval.like_fit import _warn_if_sharded, fit_processes
+
+    assert fit_processes({"trainer": {"devices": 8, "num_nodes": 2}}) == 16
+    assert fit_processes({"trainer": {"devices": [0, 1]}}) == 2
+    assert fit_processes({"trainer": {"devices": "auto"}}) is None
+    with caplog.at_level("WARNING", logger="aspo_lit.eval.like_fit"):
+        _warn_if_sharded(tmp_path / "config.yaml", {"trainer": {"devices": 1}})
+        assert not caplog.records
+        _warn_if_sharded(tmp_path / "config.yaml", {"trainer": {"devices": 4}})
+    assert "ran on 4 processes" in caplog.text and "other samples" in caplog.text

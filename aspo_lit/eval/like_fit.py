@@ -17,7 +17,10 @@ takes from the fit's saved config what the validation loop used, and draws the s
   (``data.reward``).
 
 With the transformers engine on one process the samples are the fit's bit for bit, so avg@K and
-pass@K are the logged ones (tests/test_val_equals_eval.py). docs/evaluation.md, "In-training
+pass@K are the logged ones (tests/test_val_equals_eval.py). A fit on several processes split each
+batch over its ranks, each rank sampling its share with its own seed (docs/gpu.md, "Validation
+shards"): the evaluation, one process, warns that it draws other samples of the same problems
+(`fit_processes`). docs/evaluation.md, "In-training
 validation and offline evaluation", says where the two may still differ.
 """
 from __future__ import annotations
@@ -96,6 +99,39 @@ def fit_seed(config: dict[str, Any], checkpoint: str | Path | None = None) -> in
     return int(seed)
 
 
+def fit_processes(config: dict[str, Any]) -> int | None:
+    """The fit's training processes, ``trainer.devices`` x ``trainer.num_nodes`` of its config;
+    None when the config does not say (``devices: auto`` or ``-1``: the host's devices)."""
+    trainer = config.get("trainer") or {}
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1) or 1
+    if isinstance(devices, (list, tuple)):
+        count = len(devices)
+    elif isinstance(devices, str) and "," in devices:
+        count = len([d for d in devices.split(",") if d.strip()])
+    else:
+        try:
+            count = int(devices)
+        except (TypeError, ValueError):
+            return None
+    return count * int(nodes) if count >= 1 else None
+
+
+def _warn_if_sharded(path: Path, config: dict[str, Any]) -> None:
+    """A fit on several processes sampled each rank's share of a batch with that rank's seed
+    (`RLDataModule.val_seed`): one process draws other samples of the same problems."""
+    processes = fit_processes(config)
+    if processes == 1:
+        return
+    trainer = config.get("trainer") or {}
+    ran = (f"ran on {processes} processes" if processes else
+           f"may have run on several processes (trainer.devices={trainer.get('devices', 'auto')!r})")
+    log.warning("like_fit: the fit of %s %s: its validation split every batch of data.val_batch_size problems "
+                "over the ranks, each sampling its share with its own seed (docs/gpu.md, \"Validation shards\"). "
+                "This one-process evaluation samples them all as a one-process fit would: the same problems and "
+                "settings, other samples; expect the logged val/avg@K within its standard error, not sample for "
+                "sample", path, ran)
+
+
 def fit_validation(config: str | Path, checkpoint: str | Path | None = None) -> FitValidation:
     """The fit's validation settings, from its config.yaml (and `checkpoint`, for its seed)."""
     from aspo_lit.models import load_tokenizer
@@ -109,6 +145,7 @@ def fit_validation(config: str | Path, checkpoint: str | Path | None = None) -> 
     base = model.get("model_name_or_path")
     if not base:
         raise ValueError(f"like_fit: {path} has no model.model_name_or_path")
+    _warn_if_sharded(path, cfg)
     init_args = {**(data.get("init_args") or {}), "seed": fit_seed(cfg, checkpoint)}
     datamodule = _datamodule({"class_path": data["class_path"], "init_args": init_args})
     tokenizer = load_tokenizer(base)   # the fit's (ASPOModule.tokenizer)

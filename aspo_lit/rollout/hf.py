@@ -214,6 +214,13 @@ class HFEngine(RolloutEngine):
         self.pad_token_id = int(pad)
         self._attached = True
 
+    @property
+    def lockstep(self) -> bool:
+        """True when every rank must make the same forward passes: the engine samples with the
+        policy itself while FSDP2 shards it (each forward all-gathers the weights). A caller gives
+        every rank as many prompts, none empty (`RLDataModule._val_share`)."""
+        return self.shares_policy and getattr(self, "model", None) is not None and _is_sharded(self.model)
+
     # ------------------------------------------------------------------------------------------
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]

@@ -418,6 +418,8 @@ class VLLMEngine(RolloutEngine):
             # take the group leader's seed (different seeds give a garbage rollout: measured mean
             # |log-prob gap| 2.9-3.4 nats against 2e-6 with one seed, 2 CPU ranks, TP 2)
             seed = gathered[0][1]
+        if not prompt_ids:  # a rank (or TP group) without prompts: a validation shard of none
+            return []
         if seed is not None and self.colocate and self._replica > 0:
             seed = derived_seed(seed, self._replica)  # data-parallel replicas draw independent streams
         # vLLM refuses n > 1 with greedy sampling: sample once and repeat (it is deterministic)
