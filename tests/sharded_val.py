@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aspo_lit.module import ASPOModule
 from aspo_lit.rollout.hf import HFEngine
 from data_modules.math import RLDataModule
+from tests.sharded_fit import make_strategy
 
 PROBLEMS, VAL_BATCH, K = 5, 4, 3  # batches of 4 and 1 problems: in the second, rank 1 of 2 has none
 
@@ -70,11 +71,7 @@ def main() -> None:
     args = parser.parse_args()
 
     seed_everything(5)
-    strategy = {"single": "auto", "ddp": "ddp"}.get(args.strategy)
-    if args.strategy == "fsdp2":
-        from aspo_lit.strategy import FSDP2Strategy
-
-        strategy = FSDP2Strategy()
+    strategy = make_strategy(args.strategy)
     engine = RecordingEngine()
     datamodule = FewProblems(val_k=K, val_batch_size=VAL_BATCH, val_temperature=1.0, max_response_length=6,
                              prompt_template="plain", engine=engine, reward=HashReward(), batch_size=2, group_size=2)

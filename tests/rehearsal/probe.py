@@ -32,10 +32,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback
 
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor (a collective for an FSDP2 DTensor shard)."""
-    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+from aspo_lit.models import full_tensor, named_full_tensors
 
 
 class RehearsalProbe(Callback):
@@ -67,7 +64,7 @@ class RehearsalProbe(Callback):
             return
         from aspo_lit.rollout.checksum import checksum_of, weights_match
 
-        trainer_sum = checksum_of(((n, _full(t)) for n, t in pl_module.policy.state_dict().items()), engine.model_dtype)
+        trainer_sum = checksum_of(named_full_tensors(pl_module.policy), engine.model_dtype)
         ok, diff = weights_match(engine.weights_checksum(), trainer_sum, engine.model_dtype)
         self.engine = {"topology": engine.topology, "tensor_parallel_size": engine.tensor_parallel_size,
                        "sync_path": engine.sync_path, "load_call": engine.last_sync_info.get("load_call"),
@@ -98,8 +95,7 @@ class RehearsalProbe(Callback):
     # -- helpers ---------------------------------------------------------------------------------
     def _snapshot(self, trainer, pl_module) -> None:
         """Gather full weights (collective), compare the ranks' copies, save rank 0's."""
-        state = {n: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().float().cpu()
-                 for n, t in pl_module.policy.state_dict().items()}
+        state = {n: t.float().cpu() for n, t in named_full_tensors(pl_module.policy)}
         flat = torch.cat([t.reshape(-1) for t in state.values()]).double()
         if trainer.world_size > 1:
             copies = [torch.zeros_like(flat) for _ in range(trainer.world_size)]
@@ -122,7 +118,7 @@ class RehearsalProbe(Callback):
             fields = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in vars(batch).items()}
             torch.save(fields, folder / f"step{trainer.global_step:06d}_rank{trainer.global_rank}.pt")
         if self.first_batch is None:   # until a batch with gradients: the weights it starts from
-            self._before = {n: _full(p).clone() for n, p in pl_module.policy.named_parameters()}
+            self._before = {n: full_tensor(p).clone() for n, p in pl_module.policy.named_parameters()}
             self._nonzero = {}
         self._check_engine(trainer, pl_module)
         if self.sigterm_at_batch is not None and batch_idx == self.sigterm_at_batch and trainer.is_global_zero:
@@ -135,7 +131,7 @@ class RehearsalProbe(Callback):
                 if p.grad is not None:
                     # AdamW moves an entry by ~lr * g / (|g| + eps): entries with |g| << eps move far
                     # less than lr by design, so only |g| >= eps counts as "received a gradient"
-                    nz = _full(p.grad).abs() >= optimizer.param_groups[0].get("eps", 1e-8)
+                    nz = full_tensor(p.grad).abs() >= optimizer.param_groups[0].get("eps", 1e-8)
                     self._nonzero[n] = self._nonzero[n] | nz if n in self._nonzero else nz
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -144,7 +140,7 @@ class RehearsalProbe(Callback):
         changed_tensors, n_params = 0, 0
         counts = torch.zeros(2, dtype=torch.float64)  # entries with a non-zero grad, of those changed
         for n, p in pl_module.policy.named_parameters():
-            delta = _full(p) != self._before[n]
+            delta = full_tensor(p) != self._before[n]
             n_params += 1
             changed_tensors += int(bool(delta.any()))
             nz = self._nonzero.get(n)
