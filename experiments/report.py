@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-# Beside what write_report uses, the names this module held before the split (scripts import them from here).
 from experiments.claims import CLAIMS, Claim, Verdict, judge, pooled_se, verdict, welch_p  # noqa: F401
+
+# Beside what write_report uses, the names this module held before the split (scripts import them from here).
+from experiments.posthoc import write_section
 from experiments.render import (  # noqa: F401
     DYNAMICS,
     LABELS,
@@ -63,6 +65,9 @@ def write_report(study: Study, echo=print) -> Path:
     figures.update({f"fig4_{k}": v for k, v in copy_fig4(results, study.figures_dir).items()})
     study.report.parent.mkdir(parents=True, exist_ok=True)
     study.report.write_text(render_report(results, figures))
+    notes = study.figures_dir / "posthoc-notes.md"
+    if notes.is_file():  # a study analysed after its verdicts keeps that section (experiments.posthoc)
+        write_section(study.report, notes)
     echo(f"[study] report: {study.report}")
     for claim, v in judge(results):
         echo(f"[study]   ({claim.id}) {v.verdict:<13} {claim.text}")
