@@ -15,11 +15,11 @@ export ASPO_DATA_DIR ?= $(abspath ../shared/data)
 endif
 space := $(subst ,, )
 
-.PHONY: setup test test-fast test-numerics test-all lint format demo demo-seeds testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short study-v2 study-mechanism bench clean help
+.PHONY: setup test test-fast test-numerics test-all lint format demo demo-seeds testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short study-v2 study-mechanism study-staleness bench clean help
 .PHONY: testbed-code tiny-code reproduce-table2 bench-code reproduce-table3
 
 help:
-	@echo "make demo | demo-seeds | test | test-fast | test-numerics | test-all | lint | format | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | study-mechanism | bench"
+	@echo "make demo | demo-seeds | test | test-fast | test-numerics | test-all | lint | format | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | study-mechanism | study-staleness | bench"
 	@echo "code:  make testbed-code | tiny-code | reproduce-table2 [PROFILE=tiny] | bench-code"
 	@echo "out of domain:  make reproduce-table3 [PROFILE=tiny]"
 
@@ -135,6 +135,13 @@ study-v2: $(STAMP)
 
 # The mechanism check (docs/mechanism-protocol.md): GRPO at lr 5e-5, 1e-4 and 2e-4 and ASPO at 1e-4,
 # 20 rollout batches each at study v2's settings, seed 5; ~13 min on an idle 2-core machine. Resumable.
+# the staleness study (docs/staleness-protocol.md): the four arms k = 0, 1, 2, 4 in turn; resumable
+study-staleness: $(STAMP)
+	$(PY) -m aspo_lit study --config conf/study/staleness.yaml
+	$(PY) -m aspo_lit study --config conf/study/staleness.yaml --config conf/study/staleness_k1.yaml
+	$(PY) -m aspo_lit study --config conf/study/staleness.yaml --config conf/study/staleness_k2.yaml
+	$(PY) -m aspo_lit study --config conf/study/staleness.yaml --config conf/study/staleness_k4.yaml
+
 study-mechanism: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/mechanism.yaml
 	$(PY) -m aspo_lit study --config conf/study/mechanism.yaml --config conf/study/mechanism_lr5e-5.yaml

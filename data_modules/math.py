@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import time
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
@@ -23,6 +24,7 @@ from aspo_lit.advantages import group_advantages
 from aspo_lit.prompts import encode_prompt
 from aspo_lit.rewards.math import RewardFn
 from aspo_lit.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_engine, pack_rollouts
+from aspo_lit.rollout.process import EngineProcess, EngineProcessError
 from aspo_lit.seeding import derived_seed, run_seed
 from aspo_lit.settings import check_choice, check_positive_int
 from aspo_lit.stats import Stat
@@ -87,6 +89,14 @@ class RLDataModule(LightningDataModule):
         overlong_penalty_factor: the penalty at the hard limit.
         prompt_template: ``chat`` (the tokenizer's chat template) or ``plain``.
         on_bad_row: ``error`` (stop, naming file and row) or ``skip`` (count and log).
+        max_staleness: k, how many rollout batches the sampling policy may lag the trained one
+            (docs/staleness.md). 0 (the default): every batch is sampled by the weights that train
+            on it, in this process, as the paper does. k >= 1: the rollouts of the next k batches
+            are generated while this one trains, by a copy of the engine in its own process
+            (`aspo_lit.rollout.process.EngineProcess`), fed the weights after every rollout batch;
+            batch b is sampled by the policy after batch b - k - 1 (after none for the first k + 1
+            batches of a run or a resume), exactly, on every run. Validation samples in this process.
+        engine_threads: the engine process's torch threads (k >= 1; null: this process's count).
         seed: shuffling and sampling seed; null (the default) takes the run's ``seed_everything``,
             so that one key seeds a run (aspo_lit/seeding.py).
     """
@@ -117,6 +127,8 @@ class RLDataModule(LightningDataModule):
         overlong_penalty_factor: float = 1.0,
         prompt_template: PromptTemplate = "chat",
         on_bad_row: OnBadRow = "error",
+        max_staleness: int = 0,
+        engine_threads: int | None = None,
         seed: int | None = None,
     ) -> None:
         super().__init__()
@@ -125,6 +137,11 @@ class RLDataModule(LightningDataModule):
         # the seed used (hparams keep the config's value; null = seed_everything's, in config.yaml)
         self.seed = run_seed(seed)  # LightningCLI has run seed_everything before building the classes
         self._engine_spec = engine
+        # the engine process gets its own copy of the engine, as configured (before any attach)
+        self._engine_blueprint = None if isinstance(engine, str) or max_staleness == 0 else pickle.dumps(engine)
+        self.engine_process: EngineProcess | None = None
+        self._in_flight: dict[int, list[dict[str, Any]]] = {}
+        self._pushed_version = -1
         self._reward = reward
         # the sources as given (LightningCLI gives `Source` objects; `hparams` holds their config form)
         self.data_sources = {"train": train_files, "val": val_files}
@@ -324,7 +341,15 @@ class RLDataModule(LightningDataModule):
             self.engine.close()
             self.engine = None
             self._synced_step = -1
+        self._close_engine_process()
         self._policy_handle = None
+
+    def _close_engine_process(self) -> None:
+        if self.engine_process is not None:
+            self.engine_process.close()
+            self.engine_process = None
+        self._in_flight.clear()
+        self._pushed_version = -1
 
     # --- rollouts -------------------------------------------------------------------------------
 
@@ -333,6 +358,8 @@ class RLDataModule(LightningDataModule):
             return batch
         if self.trainer.training:
             counter = self.train_batches.mark_consumed()
+            if self.hparams.max_staleness:
+                return self.stale_rollout(self._rank_share(batch), counter)
             return self.rollout(self._rank_share(batch), seed=derived_seed(self.seed, counter))
         return self.evaluate(batch)
 
@@ -344,12 +371,23 @@ class RLDataModule(LightningDataModule):
         engine.sleep()  # vLLM with sleep mode frees its GPU memory for the update (wakes on the next push)
         return completions, sync_s, time.perf_counter() - start
 
+    def _sampling(self, seed: int) -> SamplingConfig:
+        hp = self.hparams
+        return SamplingConfig(temperature=hp.temperature, top_p=hp.top_p, max_tokens=hp.max_response_length,
+                              stop=hp.stop, seed=seed, logprobs=True)
+
     def rollout(self, records: list[dict[str, Any]], seed: int) -> RolloutBatch:
         """G samples per prompt with the current weights, graded, with group advantages."""
+        completions, sync_s, rollout_s = self._generate(records, self.hparams.group_size, self._sampling(seed))
+        batch, reward_s = self._grade(records, completions)
+        batch.timings.update({"timing/rollout_s": rollout_s, "timing/reward_s": reward_s,
+                              "timing/weight_sync_s": sync_s})
+        return batch
+
+    def _grade(self, records: list[dict[str, Any]], completions) -> tuple[RolloutBatch, float]:
+        """Rewards, group advantages (eq. 1), the group filter and the packed batch of these
+        completions; and the seconds the reward took."""
         hp = self.hparams
-        sampling = SamplingConfig(temperature=hp.temperature, top_p=hp.top_p, max_tokens=hp.max_response_length,
-                                  stop=hp.stop, seed=seed, logprobs=True)
-        completions, sync_s, rollout_s = self._generate(records, hp.group_size, sampling)
         texts = [c.text for group in completions for c in group]
         golds = [r["answer"] for r in records for _ in range(hp.group_size)]
         start = time.perf_counter()
@@ -372,9 +410,74 @@ class RLDataModule(LightningDataModule):
             stats.update(filter_stats)
         batch = self._pack(records, completions, rewards, advantages, torch.ones(len(records), dtype=torch.bool))
         batch.stats.update(stats)
-        batch.timings.update({"timing/rollout_s": rollout_s, "timing/reward_s": reward_s,
-                              "timing/weight_sync_s": sync_s})
+        return batch, reward_s
+
+    # --- bounded staleness (max_staleness >= 1; docs/staleness.md) --------------------------------
+
+    def _ensure_engine_process(self) -> EngineProcess:
+        if self.engine_process is None:
+            handle = self.policy_handle
+            engine = (build_engine(self._engine_spec) if self._engine_blueprint is None
+                      else pickle.loads(self._engine_blueprint))
+            threads = self.hparams.engine_threads or torch.get_num_threads()
+            self.engine_process = EngineProcess(engine, handle.model_path, threads=threads).start()
+        return self.engine_process
+
+    def stale_rollout(self, records: list[dict[str, Any]], counter: int) -> RolloutBatch:
+        """Rollout batch ``counter`` (``PromptBatches.mark_consumed``'s number) when the sampler may
+        lag by k = ``max_staleness`` batches.
+
+        The schedule: the weights after ``counter - 1`` trained batches are pushed to the engine
+        process, then batches up to ``counter + k`` are requested (those not requested yet); the
+        process serves one queue in order, so a batch requested after a push is sampled by exactly
+        those weights. Batch ``counter`` was requested ``k`` batches ago (or now, for the first
+        k + 1 of a run or a resume): its staleness, the trained batches between its sampling
+        policy and the one it trains, is ``min(k, batches since the start)``. While it trains, the
+        process generates the next ones. Seeds are the synchronous loop's (``derived_seed(seed,
+        counter)``)."""
+        hp = self.hparams
+        process, policy = self._ensure_engine_process(), self.policy_handle.policy
+        version = counter - 1        # rollout batches trained before this one
+        push_s = 0.0
+        try:
+            if self._pushed_version != version:
+                from aspo_lit.models import named_full_tensors
+
+                start = time.perf_counter()
+                process.push(version, named_full_tensors(policy))
+                push_s, self._pushed_version = time.perf_counter() - start, version
+            for ticket in range(counter, counter + hp.max_staleness + 1):
+                if ticket not in self._in_flight:
+                    share = records if ticket == counter else self._rank_share(self.train_batches.batch(ticket))
+                    process.submit(ticket, [r["prompt_ids"] for r in share], hp.group_size,
+                                   self._sampling(derived_seed(self.seed, ticket)))
+                    self._in_flight[ticket] = share
+            made_by, completions, generate_s, idle_s, wait_s = process.result(counter)
+            failure = None
+        except EngineProcessError as exc:
+            failure = exc
+        if self._any_rank_failed(failure is not None):
+            self.train_batches.consumed -= 1   # not trained on: a resume starts with it
+            self._close_engine_process()
+            raise failure or EngineProcessError("the rollout engine process of another rank failed (see its log)")
+        requested = self._in_flight.pop(counter)
+        if [r["prompt_ids"] for r in requested] != [r["prompt_ids"] for r in records]:
+            raise RuntimeError(f"rollout batch {counter}: the prompts requested ahead are not the loader's "
+                               "(the prompt order changed under the running pipeline)")
+        batch, reward_s = self._grade(records, completions)
+        staleness = float(version - made_by)
+        batch.stats.update({"rollout/staleness": Stat.mean(staleness), "rollout/staleness_max": Stat.max(staleness),
+                            "rollout/policy_version": Stat.max(float(made_by))})
+        batch.timings.update({"timing/rollout_s": generate_s, "timing/reward_s": reward_s, "timing/weight_sync_s": push_s,
+                              "timing/rollout_wait_s": wait_s, "timing/engine_idle_s": idle_s})
         return batch
+
+    def _any_rank_failed(self, failed: bool) -> bool:
+        """Whether any rank's engine process failed: every rank raises together, none waits alone
+        in the next collective."""
+        if self.trainer is None or self.trainer.world_size == 1:
+            return failed
+        return bool(self.trainer.strategy.reduce_boolean_decision(failed, all=False))
 
     def _filter_groups(self, records, completions, rewards, advantages, all_equal):
         """Drop all-equal-reward groups of the *global* batch, then give each rank an equal share.
@@ -479,6 +582,10 @@ def _validate(args: dict[str, Any]) -> None:
     """Invalid settings fail before any model loads, naming the key."""
     for key in ("batch_size", "group_size", "max_prompt_length", "max_response_length", "val_k", "val_batch_size"):
         check_positive_int(f"data.{key}", args[key])
+    if not isinstance(args["max_staleness"], int) or isinstance(args["max_staleness"], bool) or args["max_staleness"] < 0:
+        raise ValueError(f"data.max_staleness must be an integer >= 0, got {args['max_staleness']!r}")
+    if args["engine_threads"] is not None:
+        check_positive_int("data.engine_threads", args["engine_threads"])
     check_group_size(args["group_size"])
     if not 0 < args["top_p"] <= 1:
         raise ValueError(f"data.top_p must be in (0, 1], got {args['top_p']!r}")

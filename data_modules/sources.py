@@ -174,6 +174,20 @@ class PromptBatches:
         self.consumed += 1
         return self.epoch * len(self) + self.consumed
 
+    def batch(self, counter: int) -> list[dict[str, Any]]:
+        """The batch that ``mark_consumed`` numbers ``counter`` (1-based over epochs): what iterating
+        yields there, computed ahead of time (the bounded-staleness rollouts request batches
+        before the loop reaches them)."""
+        if counter < 1:
+            raise ValueError(f"batch counters start at 1, got {counter}")
+        epoch, index = divmod(counter - 1, len(self))
+        saved, self.epoch = self.epoch, epoch
+        try:
+            order = self._order()
+        finally:
+            self.epoch = saved
+        return [self.rows[i] for i in order[index * self.batch_size : (index + 1) * self.batch_size]]
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "consumed": self.consumed}
 

@@ -22,7 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MODULE_MARKERS = {
     "multiproc": ("test_colocate", "test_sharded"),
     "e2e": ("test_training", "test_readme", "test_study", "test_rehearsal", "test_seeds", "test_paper_data",
-            "test_gpu_check", "test_extension_example"),
+            "test_gpu_check", "test_extension_example", "test_staleness"),
     "sandbox": ("test_code_reward", "test_code_eval", "test_code_datamodule", "test_code_configs"),
 }
 

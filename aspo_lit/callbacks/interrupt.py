@@ -1,4 +1,5 @@
-"""GracefulInterrupt: Ctrl-C / SIGTERM finish the current step, save `last.ckpt`, then stop.
+"""GracefulInterrupt: Ctrl-C / SIGTERM finish the current step, save `last.ckpt`, then stop; a
+failed rollout engine process (`aspo_lit.rollout.process.EngineProcessError`) saves it too.
 
 The first Ctrl-C or SIGTERM sets a flag (a second Ctrl-C aborts at once); at the end of the
 current rollout batch the ranks agree (any rank interrupted stops them all, one collective per
@@ -58,13 +59,7 @@ class GracefulInterrupt(Checkpoint):
             stopping = trainer.strategy.reduce_boolean_decision(stopping, all=False)
         if not stopping:
             return
-        checkpoint = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
-        folder = Path(checkpoint.dirpath) if checkpoint is not None and checkpoint.dirpath else Path(trainer.log_dir or ".") / "checkpoints"
-        path = folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
-        trainer.save_checkpoint(path)
-        if checkpoint is not None:
-            checkpoint.last_model_path = str(path)
-        rank_zero_info(f"aspo-lit: saved {path}; resume with --ckpt_path last")
+        self._save_last(trainer)
         # Stop as Lightning does on SIGTERM: it raises `SIGTERMException` once this batch's metrics are
         # logged. (`should_stop` would end the epoch first, and the end-of-epoch `last.ckpt` would
         # then say the epoch was finished: a resume would skip the rest of it.)
@@ -74,11 +69,27 @@ class GracefulInterrupt(Checkpoint):
         else:  # pragma: no cover - other Lightning versions
             trainer.should_stop = True
 
+    @staticmethod
+    def _save_last(trainer) -> None:
+        checkpoint = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
+        folder = Path(checkpoint.dirpath) if checkpoint is not None and checkpoint.dirpath else Path(trainer.log_dir or ".") / "checkpoints"
+        path = folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+        trainer.save_checkpoint(path)
+        if checkpoint is not None:
+            checkpoint.last_model_path = str(path)
+        rank_zero_info(f"aspo-lit: saved {path}; resume with --ckpt_path last")
+
     def on_fit_end(self, trainer, pl_module) -> None:
         self._restore()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._restore()
+        from aspo_lit.rollout.process import EngineProcessError
+
+        # the rollout engine's process failed between two rollout batches (every rank raised it
+        # together, before the batch was counted): the state is the last completed step's
+        if isinstance(exception, EngineProcessError) and trainer.training:
+            self._save_last(trainer)
 
     def _restore(self) -> None:
         if self._previous is not None:
