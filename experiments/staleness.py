@@ -1,0 +1,175 @@
+"""The staleness study's analysis (docs/staleness-protocol.md), written before its runs finished.
+
+    python -m experiments.staleness [--root runs/study_staleness] [--out docs/staleness-study.md]
+
+Reads the four arms' runs (``<root>/k<k>/runs/<loss>_s<seed>``), checks the schedule in every
+batch (``rollout/staleness`` = min(k, b - 1)), and applies the protocol's rules:
+
+- per run, the mean over its rollout batches of S = ``flip/abs_log_ratio_pos_p90``, F =
+  ``flip/weight_change``, C = ``clip/pos_high``, K = ``train/kl`` and G = log10 ``train/grad_norm``;
+  the last ``val/avg@4`` and the mean ``train/entropy`` of the last 20 % of the batches;
+- per loss and Q in (S, F, C): the per-seed differences Q(k = 4) - Q(k = 0), the one-sided paired
+  t-test, Holm over the 6 (Q, loss) tests: *confirmed* (all three positive, Holm p <= 0.05),
+  *refuted* (all three negative, Holm p of the opposite direction <= 0.05), else *inconclusive*;
+  Spearman's rho of Q with k beside it;
+- K and G: the paired k = 4 - k = 0 differences with 95 % CIs; ASPO - GRPO at each k, paired by
+  seed: accuracy and late entropy with 95 % CIs and the TOST bound (:mod:`experiments.posthoc`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from experiments.posthoc import compare, holm
+from experiments.results import read_run, tail_mean
+
+KS = (0, 1, 2, 4)
+LOSSES = ("grpo", "aspo")
+SEEDS = (6, 7, 8)
+PRIMARY = {"S": "flip/abs_log_ratio_pos_p90", "F": "flip/weight_change", "C": "clip/pos_high"}
+REPORTED = {"K": "train/kl", "G": "train/grad_norm"}
+LABEL = {"grpo": "GRPO", "aspo": "ASPO"}
+ALPHA = 0.05
+
+
+def series(metrics, key: str) -> np.ndarray:
+    rows = metrics[metrics["metric"] == key].sort_values("step")
+    return rows["value"].to_numpy(dtype=np.float64)
+
+
+def run_values(run_dir: Path, k: int) -> dict[str, float]:
+    """The protocol's per-run quantities, and the schedule check (``schedule_ok``)."""
+    m = read_run(run_dir)
+    out = {q: float(np.mean(series(m, key))) for q, key in PRIMARY.items()}
+    out["K"] = float(np.mean(series(m, REPORTED["K"])))
+    out["G"] = float(np.mean(np.log10(series(m, REPORTED["G"]))))
+    acc = series(m, "val/avg@4")
+    out["acc"] = float(acc[-1]) * 100 if len(acc) else math.nan
+    out["entropy"] = tail_mean(series(m, "train/entropy"), 0.2)
+    batches = len(series(m, "train/reward_mean"))
+    staleness = series(m, "rollout/staleness")
+    expected = [min(k, b) for b in range(batches)] if k else []
+    out["batches"] = batches
+    out["schedule_ok"] = (len(staleness) == 0 and k == 0) or staleness.tolist() == [float(x) for x in expected]
+    return out
+
+
+def collect(root: Path) -> dict[tuple[int, str, int], dict[str, float]]:
+    values = {}
+    for k in KS:
+        for loss in LOSSES:
+            for seed in SEEDS:
+                run = root / f"k{k}" / "runs" / f"{loss}_s{seed}"
+                if any(run.glob("version_*/metrics.csv")):
+                    values[(k, loss, seed)] = run_values(run, k)
+    return values
+
+
+def one_sided_p(d: Sequence[float]) -> float:
+    """One-sided paired t-test of mean(d) > 0 (df = n - 1)."""
+    from scipy.stats import t
+
+    d = np.asarray(d, np.float64)
+    se = float(np.std(d, ddof=1) / math.sqrt(len(d)))
+    if se == 0:
+        return 0.0 if d.mean() > 0 else 1.0
+    return float(t.sf(d.mean() / se, len(d) - 1))
+
+
+def verdicts(values) -> list[dict]:
+    """The protocol's 6 tests, Holm-adjusted, with Spearman's rho beside them."""
+    from scipy.stats import spearmanr
+
+    tests = []
+    for loss in LOSSES:
+        for q in PRIMARY:
+            d = [values[(4, loss, s)][q] - values[(0, loss, s)][q] for s in SEEDS]
+            pairs = [(k, values[(k, loss, s)][q]) for k in KS for s in SEEDS]
+            rho = float(spearmanr([k for k, _ in pairs], [v for _, v in pairs]).statistic)
+            tests.append({"loss": loss, "q": q, "diffs": d, "p_up": one_sided_p(d), "p_down": one_sided_p([-x for x in d]),
+                          "rho": rho, "k0": np.mean([values[(0, loss, s)][q] for s in SEEDS]),
+                          "k4": np.mean([values[(4, loss, s)][q] for s in SEEDS])})
+    up, _ = holm([t["p_up"] for t in tests], ALPHA)
+    down, _ = holm([t["p_down"] for t in tests], ALPHA)
+    for t, pu, pd in zip(tests, up, down, strict=True):
+        t["holm_up"], t["holm_down"] = pu, pd
+        if all(x > 0 for x in t["diffs"]) and pu <= ALPHA:
+            t["verdict"] = "confirmed"
+        elif all(x < 0 for x in t["diffs"]) and pd <= ALPHA:
+            t["verdict"] = "refuted"
+        else:
+            t["verdict"] = "inconclusive"
+    return tests
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def render(values, root: Path) -> str:
+    missing = [(k, loss, s) for k in KS for loss in LOSSES for s in SEEDS if (k, loss, s) not in values]
+    lines = ["# The staleness study: report", "",
+             "_Generated by `python -m experiments.staleness` from the runs of `make study-staleness` "
+             f"(`{root}`); the protocol, committed before the runs: docs/staleness-protocol.md._", ""]
+    if missing:
+        return "\n".join(lines + [f"Not every run has finished: missing {missing}.", ""])
+    bad = [(k, loss, s) for (k, loss, s), v in values.items() if not v["schedule_ok"]]
+    lines += ["## The schedule", "",
+              "Every batch b (from 0) of every run had `rollout/staleness` = min(k, b): "
+              + ("**yes**, in all 24 runs." if not bad else f"**no** in {bad}: those runs are invalid (protocol)."), ""]
+    tests = verdicts(values)
+    lines += ["## Primary: does the quantity rise with k?", "",
+              "Per loss, the mean over seeds at k = 0 and k = 4, the three per-seed differences (k = 4 − k = 0, "
+              "paired by seed), the one-sided paired t-test's p and its Holm adjustment over the 6 tests, "
+              "Spearman's ρ of the quantity with k over the 12 runs of the loss (not tested), and the verdict "
+              "by the protocol's rule.", "",
+              "| quantity | loss | k = 0 | k = 4 | differences (seeds 6 / 7 / 8) | p (one-sided) | Holm p | ρ with k | verdict |",
+              "|---|---|--:|--:|---|--:|--:|--:|---|"]
+    names = {"S": "S: p90 of \\|log r\\| on A > 0", "F": "F: the flip's weight change", "C": "C: `clip/pos_high`"}
+    for t in tests:
+        lines.append(f"| {names[t['q']]} | {LABEL[t['loss']]} | {_g(t['k0'])} | {_g(t['k4'])} | "
+                     f"{' / '.join(_g(x) for x in t['diffs'])} | {t['p_up']:.2g} | {t['holm_up']:.2g} | "
+                     f"{t['rho']:+.2f} | **{t['verdict']}** |")
+    lines += ["", "Per arm, the mean over the three seeds:", "",
+              "| k | loss | S | F | C | K (`train/kl`) | G (log10 grad norm) | held-out avg@4 (%) | late entropy |",
+              "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for k in KS:
+        for loss in LOSSES:
+            rows = [values[(k, loss, s)] for s in SEEDS]
+            cells = [_g(float(np.mean([r[q] for r in rows]))) for q in ("S", "F", "C", "K", "G", "acc", "entropy")]
+            lines.append(f"| {k} | {LABEL[loss]} | " + " | ".join(cells) + " |")
+    lines += ["", "## Reported without a prediction: KL and grad norm (k = 4 − k = 0, paired)", "",
+              "| quantity | loss | paired mean | 95 % CI |", "|---|---|--:|---|"]
+    for q in ("K", "G"):
+        for loss in LOSSES:
+            c = compare([values[(4, loss, s)][q] for s in SEEDS], [values[(0, loss, s)][q] for s in SEEDS])
+            lines.append(f"| {q} | {LABEL[loss]} | {_g(c.paired_diff)} | [{_g(c.paired_ci95[0])}, {_g(c.paired_ci95[1])}] |")
+    lines += ["", "## Secondary: ASPO − GRPO at each k (paired by seed; no verdict)", "",
+              "| k | held-out avg@4, ASPO − GRPO (points) | 95 % CI | TOST ±δ | late entropy, ASPO − GRPO | 95 % CI | TOST ±δ |",
+              "|---|--:|---|--:|--:|---|--:|"]
+    for k in KS:
+        a = compare([values[(k, "aspo", s)]["acc"] for s in SEEDS], [values[(k, "grpo", s)]["acc"] for s in SEEDS])
+        e = compare([values[(k, "aspo", s)]["entropy"] for s in SEEDS], [values[(k, "grpo", s)]["entropy"] for s in SEEDS])
+        lines.append(f"| {k} | {_g(a.paired_diff)} | [{_g(a.paired_ci95[0])}, {_g(a.paired_ci95[1])}] | {_g(a.paired_tost)} | "
+                     f"{_g(e.paired_diff)} | [{_g(e.paired_ci95[0])}, {_g(e.paired_ci95[1])}] | {_g(e.paired_tost)} |")
+    return "\n".join(lines + [""])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.staleness", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=Path("runs/study_staleness"))
+    parser.add_argument("--out", type=Path, default=Path("docs/staleness-study.md"))
+    args = parser.parse_args(argv)
+    text = render(collect(args.root), args.root)
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
