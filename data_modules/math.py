@@ -436,30 +436,31 @@ class RLDataModule(LightningDataModule):
         process generates the next ones. Seeds are the synchronous loop's (``derived_seed(seed,
         counter)``)."""
         hp = self.hparams
-        process, policy = self._ensure_engine_process(), self.policy_handle.policy
         version = counter - 1        # rollout batches trained before this one
-        push_s = 0.0
+        failure = None
         try:
-            if self._pushed_version != version:
-                from aspo_lit.models import named_full_tensors
-
-                start = time.perf_counter()
-                process.push(version, named_full_tensors(policy))
-                push_s, self._pushed_version = time.perf_counter() - start, version
-            for ticket in range(counter, counter + hp.max_staleness + 1):
-                if ticket not in self._in_flight:
-                    share = records if ticket == counter else self._rank_share(self.train_batches.batch(ticket))
-                    process.submit(ticket, [r["prompt_ids"] for r in share], hp.group_size,
-                                   self._sampling(derived_seed(self.seed, ticket)))
-                    self._in_flight[ticket] = share
-            made_by, completions, generate_s, idle_s, wait_s = process.result(counter)
-            failure = None
+            process = self._ensure_engine_process()
         except EngineProcessError as exc:
             failure = exc
-        if self._any_rank_failed(failure is not None):
-            self.train_batches.consumed -= 1   # not trained on: a resume starts with it
-            self._close_engine_process()
-            raise failure or EngineProcessError("the rollout engine process of another rank failed (see its log)")
+        self._raise_if_any_failed(failure)   # before the push: it is a collective under FSDP2
+        push_s = 0.0
+        if self._pushed_version != version:
+            from aspo_lit.models import named_full_tensors
+
+            start = time.perf_counter()
+            process.push(version, named_full_tensors(self.policy_handle.policy))
+            push_s, self._pushed_version = time.perf_counter() - start, version
+        for ticket in range(counter, counter + hp.max_staleness + 1):
+            if ticket not in self._in_flight:
+                share = records if ticket == counter else self._rank_share(self.train_batches.batch(ticket))
+                process.submit(ticket, [r["prompt_ids"] for r in share], hp.group_size,
+                               self._sampling(derived_seed(self.seed, ticket)))
+                self._in_flight[ticket] = share
+        try:
+            made_by, completions, generate_s, idle_s, wait_s = process.result(counter)
+        except EngineProcessError as exc:
+            failure = exc
+        self._raise_if_any_failed(failure)
         requested = self._in_flight.pop(counter)
         if [r["prompt_ids"] for r in requested] != [r["prompt_ids"] for r in records]:
             raise RuntimeError(f"rollout batch {counter}: the prompts requested ahead are not the loader's "
@@ -472,12 +473,17 @@ class RLDataModule(LightningDataModule):
                               "timing/rollout_wait_s": wait_s, "timing/engine_idle_s": idle_s})
         return batch
 
-    def _any_rank_failed(self, failed: bool) -> bool:
-        """Whether any rank's engine process failed: every rank raises together, none waits alone
-        in the next collective."""
-        if self.trainer is None or self.trainer.world_size == 1:
-            return failed
-        return bool(self.trainer.strategy.reduce_boolean_decision(failed, all=False))
+    def _raise_if_any_failed(self, failure: EngineProcessError | None) -> None:
+        """Raise when any rank's engine process failed: every rank raises together (one collective),
+        none waits alone in the next one. The batch being made is not counted as consumed, so a
+        resume starts with it; the engine process is closed."""
+        failed = failure is not None
+        if self.trainer is not None and self.trainer.world_size > 1:
+            failed = bool(self.trainer.strategy.reduce_boolean_decision(failed, all=False))
+        if failed:
+            self.train_batches.consumed -= 1
+            self._close_engine_process()
+            raise failure or EngineProcessError("the rollout engine process of another rank failed (see its log)")
 
     def _filter_groups(self, records, completions, rewards, advantages, all_equal):
         """Drop all-equal-reward groups of the *global* batch, then give each rank an equal share.

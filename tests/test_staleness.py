@@ -127,14 +127,14 @@ def test_a_killed_engine_process_is_an_error_not_a_hang(testbed):
 
 
 class KillEngineProcess(Callback):
-    """Kills the data module's engine process with SIGKILL at the end of rollout batch ``at``."""
+    """Kills rank ``rank``'s engine process with SIGKILL at the end of rollout batch ``at``."""
 
-    def __init__(self, at: int = 0) -> None:
-        self.at = at
+    def __init__(self, at: int = 0, rank: int = 0) -> None:
+        self.at, self.rank = at, rank
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         process = trainer.datamodule.engine_process
-        if batch_idx == self.at and process is not None:
+        if batch_idx == self.at and trainer.global_rank == self.rank and process is not None:
             os.kill(process.pid, signal.SIGKILL)
             process.process.join(10)
 
@@ -184,19 +184,26 @@ def _metrics(run: Path) -> dict[int, dict[str, str]]:
     return rows
 
 
-def test_staleness_one_replays_sequentially_with_the_weights_each_batch_had(testbed, tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(testbed, tmp_path_factory) -> Path:
+    """A 4-batch fit at k = 1 with the probe's rollouts and weight snapshots (``<root>/probe``)."""
+    root = tmp_path_factory.mktemp("k1")
+    proc = _fit(testbed, root, "k1", 4, *_probe(root / "probe"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root
+
+
+def test_staleness_one_replays_sequentially_with_the_weights_each_batch_had(testbed, uninterrupted):
     """k = 1 on the fixed schedule: batch b (from 1) is sampled by the policy after max(0, b - 2)
     batches. Regenerating each batch in this process, with those weights (the probe's snapshot before
     that batch's first optimizer step) and the synchronous loop's seed, gives the same tokens."""
-    proc = _fit(testbed, tmp_path, "k1", 3, *_probe(tmp_path / "probe"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "k1"
+    run = uninterrupted / "k1"
     config = yaml.safe_load((run / "version_0" / "config.yaml").read_text())
     seed, data = config["seed_everything"], config["data"]["init_args"]
     metrics = _metrics(run)
-    rollouts = _rollouts(tmp_path / "probe")
-    assert sorted(rollouts) == [0, 2, 4]
-    weights = sorted((tmp_path / "probe" / "weights").glob("*.pt"))
+    rollouts = _rollouts(uninterrupted / "probe")
+    assert sorted(rollouts) == [0, 2, 4, 6]
+    weights = sorted((uninterrupted / "probe" / "weights").glob("*.pt"))
     engine = build_engine("hf")
     engine.attach(None, None, testbed)
     threads = torch.get_num_threads()
@@ -217,44 +224,22 @@ def test_staleness_one_replays_sequentially_with_the_weights_each_batch_had(test
         torch.set_num_threads(threads)
 
 
-def test_sigterm_with_rollouts_in_flight_then_resume_loses_and_repeats_no_batch(testbed, tmp_path):
+def test_sigterm_with_rollouts_in_flight_then_resume_loses_and_repeats_no_batch(testbed, uninterrupted, tmp_path):
     """SIGTERM while batch 3 is being generated ahead: last.ckpt after batch 2; the resume trains
     batches 3 and 4 on the uninterrupted run's prompts (none lost, none twice), its pipeline refilled
     from the restored weights (batch 3's staleness 0)."""
-    full = _fit(testbed, tmp_path, "full", 4, *_probe(tmp_path / "probe_full", save="true"))
-    assert full.returncode == 0, full.stderr[-3000:]
     cut = _fit(testbed, tmp_path, "cut", 4, *_probe(tmp_path / "probe_cut", sigterm_at_batch=1))
     assert cut.returncode == 0 and "saved" in cut.stderr + cut.stdout, (cut.stdout + cut.stderr)[-3000:]
     assert sorted(_rollouts(tmp_path / "probe_cut")) == [0, 2]
     resumed = _fit(testbed, tmp_path, "cut", 4, *_probe(tmp_path / "probe_resumed"), "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    reference, pieces = _rollouts(tmp_path / "probe_full"), _rollouts(tmp_path / "probe_cut", tmp_path / "probe_resumed")
+    reference, pieces = _rollouts(uninterrupted / "probe"), _rollouts(tmp_path / "probe_cut", tmp_path / "probe_resumed")
     assert sorted(pieces) == sorted(reference) == [0, 2, 4, 6]
     for step in reference:
         assert _prompts_and_responses(pieces[step], 4)[0] == _prompts_and_responses(reference[step], 4)[0], step
     after = _metrics(tmp_path / "cut")   # logged per rollout batch
     assert float(after[2]["rollout/staleness"]) == 0.0 and float(after[2]["rollout/policy_version"]) == 2.0
     assert float(after[3]["rollout/staleness"]) == 1.0
-
-
-def test_a_killed_engine_process_stops_the_fit_with_a_resumable_checkpoint(testbed, tmp_path):
-    crashed = _fit(testbed, tmp_path, "crash", 3, "--trainer.callbacks+=tests.test_staleness.KillEngineProcess",
-                   timeout=300)
-    output = crashed.stdout + crashed.stderr
-    assert crashed.returncode != 0 and "EngineProcessError" in output and "killed by signal 9" in output, output[-3000:]
-    last = tmp_path / "crash" / "checkpoints" / "last.ckpt"
-    assert last.exists(), output[-3000:]
-    # killed after batch 1: batch 2 was generated before the kill or not (a race), batch 3 never was; the
-    # checkpoint is the state before the first batch the trainer waited for in vain, and the error names it
-    checkpoint = torch.load(last, weights_only=False)
-    step = checkpoint["global_step"]
-    assert step in (UPDATES_PER_BATCH, 2 * UPDATES_PER_BATCH), step
-    # the batch waited for in vain is not counted as consumed: the resume starts with it
-    assert checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 0, "consumed": step // UPDATES_PER_BATCH}]
-    assert f"waited for rollout batch {step // UPDATES_PER_BATCH + 1}" in output, output[-3000:]
-    resumed = _fit(testbed, tmp_path, "crash", 3, "--ckpt_path", "last")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert sorted(s for s, r in _metrics(tmp_path / "crash").items() if "train/reward_mean" in r) == [0, 1, 2]
 
 
 def test_which_ratio_the_flip_acts_on_in_each_mode():
@@ -311,3 +296,30 @@ def test_the_staleness_studys_arms_are_its_protocols(capsys):
     assert sorted(runs) == sorted((loss, k, seed, 320) for loss in ("grpo", "aspo") for k in (0, 1, 2, 4) for seed in (6, 7, 8))
     used = set(S.load_study(REPO / "conf/study/v2.yaml").seeds) | set(S.load_study(REPO / "conf/study/mechanism.yaml").seeds)
     assert not used & {6, 7, 8} and len(folders) == 4
+
+
+def test_two_ranks_each_with_an_engine_process_fail_together_and_resume(testbed, tmp_path):
+    """DDP on 2 CPU ranks at k = 1: each rank's engine process generates its share. Rank 1's is
+    killed (SIGKILL) after batch 1: both ranks raise `EngineProcessError` (one collective agrees on
+    it; rank 0 never waits alone in the next collective), last.ckpt is saved without the batch
+    waited for, and the 2-rank resume trains the remaining batches."""
+    two = ("--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_find_unused_parameters_true")
+    crashed = _fit(testbed, tmp_path, "ddp", 3, *two, "--trainer.callbacks+=tests.test_staleness.KillEngineProcess",
+                   "--trainer.callbacks.init_args.rank=1", timeout=300)
+    output = crashed.stdout + crashed.stderr
+    assert crashed.returncode != 0 and "killed by signal 9" in output, output[-3000:]
+    assert "the rollout engine process of another rank failed" in output, output[-3000:]
+    last = tmp_path / "ddp" / "checkpoints" / "last.ckpt"
+    assert last.exists(), output[-3000:]
+    # killed after batch 1: batch 2 was generated before the kill or not (a race), batch 3 never was;
+    # the checkpoint is the state before the first batch waited for in vain, not counted as consumed
+    checkpoint = torch.load(last, weights_only=False)
+    step = checkpoint["global_step"]
+    assert step in (UPDATES_PER_BATCH, 2 * UPDATES_PER_BATCH), step
+    assert checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 0, "consumed": step // UPDATES_PER_BATCH}]
+    assert f"waited for rollout batch {step // UPDATES_PER_BATCH + 1}" in output, output[-3000:]
+    resumed = _fit(testbed, tmp_path, "ddp", 3, *two, "--ckpt_path", "last", timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = {s: r for s, r in _metrics(tmp_path / "ddp").items() if "train/reward_mean" in r}
+    assert sorted(rows) == [0, 1, 2]
+    assert [float(rows[s]["rollout/staleness_max"]) for s in sorted(rows)][-1] <= 1.0
