@@ -250,11 +250,12 @@ class ASPOModule(ReferenceHolder, LightningModule):
         if self._trainer is not None:
             check_precision(self.trainer.precision)  # a Trainer built in Python; the CLI refused it already
         mesh = getattr(self, "device_mesh", None)
-        if hp.share_prompt and mesh is not None:
+        if hp.share_prompt and (mesh is not None or (self._trainer is not None and self.trainer.world_size > 1)):
             raise ValueError(
-                "model.share_prompt is for unsharded policies: under FSDP2 a layer reshards after its backward, "
+                "model.share_prompt is for one process: under FSDP2 a layer reshards after its backward, "
                 "possibly before the gradient that reaches its shared prompt through the KV cache needs its weights; "
-                "set model.share_prompt: false")
+                "under DDP the prompt pass runs outside the wrapper's forward, which its reducer does not follow "
+                "(it stops with 'parameters that were not used in producing the loss'); set model.share_prompt: false")
         if mesh is not None and mesh["data_parallel"].size() != self.trainer.world_size:
             raise ValueError(
                 f"trainer.strategy: FSDP2 would shard over {mesh['data_parallel'].size()} of {self.trainer.world_size} "

@@ -121,7 +121,17 @@ def test_share_prompt_refusals(testbed):
         ASPOModule(model_name_or_path=testbed, share_prompt=True, gradient_checkpointing=True)
     module = ASPOModule(model_name_or_path=testbed, share_prompt=True)
     module._device_mesh = object()  # what FSDP2Strategy sets
-    with pytest.raises(ValueError, match="unsharded"):
+    with pytest.raises(ValueError, match="for one process: under FSDP2"):
         module.configure_model()
+    # DDP: 2 processes, no mesh (the reducer does not follow the prompt pass; seen failing so)
+    from types import SimpleNamespace
+
+    module = ASPOModule(model_name_or_path=testbed, share_prompt=True)
+    module._trainer = SimpleNamespace(world_size=2, precision="32-true")
+    with pytest.raises(ValueError, match="under DDP"):
+        module.configure_model()
+    module._trainer = SimpleNamespace(world_size=1, precision="32-true")
+    module.configure_model()   # one process: on
+    assert module.policy is not None
 
 

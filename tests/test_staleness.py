@@ -303,7 +303,7 @@ def test_two_ranks_each_with_an_engine_process_fail_together_and_resume(testbed,
     killed (SIGKILL) after batch 1: both ranks raise `EngineProcessError` (one collective agrees on
     it; rank 0 never waits alone in the next collective), last.ckpt is saved without the batch
     waited for, and the 2-rank resume trains the remaining batches."""
-    two = ("--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_find_unused_parameters_true")
+    two = ("--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp", "--model.share_prompt=false")
     crashed = _fit(testbed, tmp_path, "ddp", 3, *two, "--trainer.callbacks+=tests.test_staleness.KillEngineProcess",
                    "--trainer.callbacks.init_args.rank=1", timeout=300)
     output = crashed.stdout + crashed.stderr
