@@ -53,6 +53,10 @@ _PER_RUN_KEY = re.compile(r"^(seed_everything|ckpt_path|trainer\.logger(\..*)?|t
 #: that differ only in these draw from one distribution, so a reference's bands apply to both.
 SPEED_ONLY_KEYS = frozenset({"model.share_prompt", "model.max_tokens_per_micro_batch", "model.micro_batch_size",
                              "model.logprob_chunk_size"})
+#: Settings added after configs (and references) were recorded, with the value that keeps the old
+#: behaviour: a config that lacks the key ran with that value (docs/staleness.md: k = 0 is the
+#: synchronous loop bit for bit).
+ADDED_SETTINGS = {"data.init_args.max_staleness": 0, "data.init_args.engine_threads": None}
 
 
 class CompareError(ValueError):
@@ -130,9 +134,12 @@ def config_differences(text_a: str, text_b: str, where: str = "config") -> list[
     """``key: a != b`` for every config key that differs, leaving out the keys that differ between
     seeds of one config (the seeds, the logger's folder)."""
     a, b = (_flatten(_load_yaml(t, where)) for t in (text_a, text_b))
-    keys = sorted(k for k in set(a) | set(b)
-                  if not _PER_RUN_KEY.match(k) and a.get(k, "<unset>") != b.get(k, "<unset>"))
-    return [f"{k}: {a.get(k, '<unset>')!r} != {b.get(k, '<unset>')!r}" for k in keys]
+
+    def value(config: dict, key: str):
+        return config.get(key, ADDED_SETTINGS.get(key, "<unset>"))
+
+    keys = sorted(k for k in set(a) | set(b) if not _PER_RUN_KEY.match(k) and value(a, k) != value(b, k))
+    return [f"{k}: {value(a, k)!r} != {value(b, k)!r}" for k in keys]
 
 
 def resolve_metrics(names: Sequence[str], keys) -> dict[str, list[str]]:

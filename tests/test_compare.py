@@ -506,3 +506,14 @@ def test_demo_reference_passes_held_out_seeds_and_fails_broken_runs(tmp_path, ca
         assert main(["compare", str(run), "--reference", "demo", "--alpha", str(CI_ALPHA)]) == 1, name
         departed = capsys.readouterr().out.splitlines()[-1]
         assert departed.startswith("DEPARTS") and metric in departed, (name, departed)
+
+
+def test_a_setting_added_later_counts_at_its_old_behaviour():
+    """A config recorded before `data.max_staleness` existed ran the synchronous loop: it equals a config
+    with k = 0 (and no engine_threads), not one with k = 1."""
+    from aspo_lit.compare import config_differences
+
+    old = "data:\n  init_args:\n    batch_size: 8\n"
+    assert config_differences(old, old.replace("8\n", "8\n    max_staleness: 0\n    engine_threads: null\n")) == []
+    assert config_differences(old, old.replace("8\n", "8\n    max_staleness: 1\n")) == [
+        "data.init_args.max_staleness: 0 != 1"]
