@@ -70,17 +70,6 @@ def collect(root: Path) -> dict[tuple[int, str, int], dict[str, float]]:
     return values
 
 
-def one_sided_p(d: Sequence[float]) -> float:
-    """One-sided paired t-test of mean(d) > 0 (df = n - 1)."""
-    from scipy.stats import t
-
-    d = np.asarray(d, np.float64)
-    se = float(np.std(d, ddof=1) / math.sqrt(len(d)))
-    if se == 0:
-        return 0.0 if d.mean() > 0 else 1.0
-    return float(t.sf(d.mean() / se, len(d) - 1))
-
-
 def verdicts(values) -> list[dict]:
     """The protocol's 6 tests, Holm-adjusted, with Spearman's rho beside them."""
     from scipy.stats import spearmanr
@@ -88,10 +77,11 @@ def verdicts(values) -> list[dict]:
     tests = []
     for loss in LOSSES:
         for q in PRIMARY:
-            d = [values[(4, loss, s)][q] - values[(0, loss, s)][q] for s in SEEDS]
+            k4, k0 = [values[(4, loss, s)][q] for s in SEEDS], [values[(0, loss, s)][q] for s in SEEDS]
+            d = [a - b for a, b in zip(k4, k0, strict=True)]
             pairs = [(k, values[(k, loss, s)][q]) for k in KS for s in SEEDS]
             rho = float(spearmanr([k for k, _ in pairs], [v for _, v in pairs]).statistic)
-            tests.append({"loss": loss, "q": q, "diffs": d, "p_up": one_sided_p(d), "p_down": one_sided_p([-x for x in d]),
+            tests.append({"loss": loss, "q": q, "diffs": d, "p_up": compare(k4, k0).paired_p, "p_down": compare(k0, k4).paired_p,
                           "rho": rho, "k0": np.mean([values[(0, loss, s)][q] for s in SEEDS]),
                           "k4": np.mean([values[(4, loss, s)][q] for s in SEEDS])})
     up, _ = holm([t["p_up"] for t in tests], ALPHA)
