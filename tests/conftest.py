@@ -21,10 +21,25 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # module that starts processes carries @pytest.mark.multiproc itself.
 MODULE_MARKERS = {
     "multiproc": ("test_colocate", "test_sharded"),
-    "e2e": ("test_training", "test_readme", "test_study", "test_rehearsal", "test_seeds", "test_paper_data",
+    "e2e": ("test_training", "test_readme", "test_study", "test_rehearsal", "test_rehearsal_more", "test_seeds", "test_paper_data",
             "test_gpu_check", "test_extension_example", "test_staleness"),
     "sandbox": ("test_code_reward", "test_code_eval", "test_code_datamodule", "test_code_configs"),
 }
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker gets its share of the cores, as `FSDP2Strategy` gives each rank
+    (aspo_lit.threads): torch's threads in the worker, and ``OMP_NUM_THREADS`` for the processes its
+    tests start. With torch's default (one thread per core in every worker) two workers ran four
+    OpenMP threads on two cores, and a fit's spinning threads slowed the other worker's fits ~5x
+    (scripts/gpu_check.py: 97 s alone, 489 s beside the other worker). A thread count the user set
+    is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 2:
+        return
+    from aspo_lit.threads import set_threads_per_rank, user_thread_settings
+
+    set_threads_per_rank(workers, user_thread_settings())
 
 
 def pytest_collection_modifyitems(config, items):
@@ -128,3 +143,38 @@ def testbed() -> str:
 
     return str(build_testbed())
 
+
+
+def _process_state() -> dict:
+    """What a test could leave changed in its worker that decides later tests' float bits: torch's
+    and MKL's/OpenMP's thread counts (and whether `torch.set_num_threads` is still torch's own,
+    which vLLM's CPU worker replaces), the CPUs this process may run on, the thread variables its
+    subprocesses inherit, and torch's matmul precision and deterministic mode."""
+    import torch
+
+    info = torch.__config__.parallel_info()
+    return {
+        "torch threads": torch.get_num_threads(),
+        "omp/mkl max threads": [line.strip() for line in info.splitlines() if "max_threads" in line],
+        "torch.set_num_threads": getattr(torch.set_num_threads, "__module__", None),
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DYNAMIC", "OMP_DYNAMIC")},
+        "float32 matmul precision": torch.get_float32_matmul_precision(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "default dtype": str(torch.get_default_dtype()),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _worker_state_unchanged(request):
+    """Every test leaves its pytest worker as it found it: the bit-for-bit tests (same seed, resume)
+    compare fits made in one worker with a subprocess's, minutes and other tests apart, and a thread
+    count or CPU mask left changed by an earlier test in the same worker changes their float bits
+    (a pytest-xdist worker's file order varies between runs, so such a leak fails a later test at
+    random)."""
+    before = _process_state()
+    yield
+    after = _process_state()
+    changed = {key: (before[key], after[key]) for key in before if before[key] != after[key]}
+    if changed:
+        pytest.fail(f"{request.node.nodeid} left its worker changed (before, after): {changed}", pytrace=False)

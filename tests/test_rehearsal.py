@@ -23,16 +23,29 @@ def test_every_shipped_fit_config_is_rehearsed():
 
 #: rehearsals too long for CI (`make rehearse` runs them): the real-shaped model's (~10 min, ~11 GB)
 HEAVY = ("aspo_real_shape",)
+#: the rehearsals tests/test_rehearsal_more.py runs: a second file, so that pytest-xdist (`--dist
+#: loadfile`) can give them to the other worker (together ~14 min of one worker's time otherwise)
+IN_SECOND_FILE = ("grpo", "archer", "aspo+grpo_no_is", "qwen3_8b", "code_aspo", "code_grpo", "code_qwen3_4b",
+                  "code_archer2_data")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in HEAVY])
-def test_shipped_config_rehearses(name):
+def check_rehearsal(name: str) -> None:
+    """Rehearse the shipped config ``name``; fail with the checks that did not hold."""
     out = REPO / "runs" / "rehearsal"
     write_data(out)
     verdict = rehearse(name, out)
     failed = {k: {x: y for x, y in c.items() if x != "diff"} for k, c in verdict["checks"].items() if not c.get("ok")}
     assert verdict["ok"], json.dumps(failed, indent=1, default=str)
+
+
+def test_every_rehearsal_runs_in_one_of_the_two_files():
+    assert set(IN_SECOND_FILE) <= set(CONFIGS) and not set(IN_SECOND_FILE) & set(HEAVY)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n not in HEAVY and n not in IN_SECOND_FILE])
+def test_shipped_config_rehearses(name):
+    check_rehearsal(name)
 
 
 def test_loss_ablations_share_a_resume_check_only_with_a_loss_only_difference(tmp_path):

@@ -434,10 +434,18 @@ def write_data(out_root: Path) -> None:
     path = REPO / "runs/rehearsal/data/arith_train.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = generate_problems(64, seed=0, levels=[1, 2], split="train")
-    path.write_text("".join(json.dumps({"problem": r["problem"], "answer": r["answer"]}) + "\n" for r in rows))
+    _write_atomically(path, "".join(json.dumps({"problem": r["problem"], "answer": r["answer"]}) + "\n" for r in rows))
     code = tiny_code.generate_problems(64, 0, "train")   # LiveCodeBench's row layout: problem, starter code, tests
     keys = ("id", "problem", "starter_code", "fn_name", "tests")
-    path.with_name("code_train.jsonl").write_text("".join(json.dumps({k: r[k] for k in keys}) + "\n" for r in code))
+    _write_atomically(path.with_name("code_train.jsonl"), "".join(json.dumps({k: r[k] for k in keys}) + "\n" for r in code))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a rehearsal in another process (a second pytest worker)
+    may be reading the same file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
