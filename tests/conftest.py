@@ -144,7 +144,6 @@ def testbed() -> str:
     return str(build_testbed())
 
 
-
 def _process_state() -> dict:
     """What a test could leave changed in its worker that decides later tests' float bits: torch's
     and MKL's/OpenMP's thread counts (and whether `torch.set_num_threads` is still torch's own,

@@ -21,10 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 NONDETERMINISTIC = ("timing/", "perf/")
 
 # The tests that compare two fits bit for bit run every fit on one torch thread. With the default
-# two, the resume tests and the same-seed test failed in 3 of the last 6 full suite runs (a 7th-digit difference
-# appearing after an update), while fresh `python -m aspo_lit fit` processes at two threads gave
-# the same bits idle and under load (7 runs); the one-thread comparisons (the speed-ups, staleness
-# 0) never did. One thread removes any thread-count-dependent partition of a reduction, whatever
+# two, the resume tests and the same-seed test failed in 3 of 6 full suite runs (a 7th-digit
+# difference appearing after an update), while fresh `python -m aspo_lit fit` processes at two
+# threads gave the same bits idle and under load (7 runs); the one-thread comparisons (the
+# speed-ups, staleness 0) never failed. One thread removes any thread-count-dependent partition of a reduction, whatever
 # the pytest worker ran before and whatever runs beside it.
 
 
