@@ -8,10 +8,11 @@ RUNS ?=
 CONFIGS ?=
 PROFILE ?= paper
 export PYTHONUNBUFFERED := 1
-# MKL lowers its thread count on a busy machine unless told not to, and a product computed with fewer
-# threads rounds otherwise: the bitwise same-seed and resume tests then differ in the last digits.
-# aspo_lit sets it at import, which is too late where torch (so MKL) was loaded first, as in a
-# pytest worker; set here, every process starts with it (a user's own setting is kept).
+# MKL may use fewer threads than asked unless told not to (MKL_DYNAMIC), and a product computed with
+# fewer threads rounds otherwise. aspo_lit sets it at import, which is too late where torch (so MKL)
+# was loaded first, as in a pytest worker; set here, every process starts with it (a user's own
+# setting is kept). It did not by itself stop the bitwise fit tests' rare failures: those now run
+# on one thread (tests/test_training.py).
 export MKL_DYNAMIC ?= FALSE
 comma := ,
 # the staged benchmark copies next to a checkout (docs/data.md); set ASPO_DATA_DIR yourself elsewhere

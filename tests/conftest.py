@@ -136,6 +136,16 @@ def shared_data_dir() -> Path:
     return path
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (tests/tolerance.py's `torch_threads`): where results are
+    claimed bit for bit (the lean sampling loop against `generate`, two fits of one seed)."""
+    from tests.tolerance import torch_threads
+
+    with torch_threads(1):
+        yield
+
+
 @pytest.fixture(scope="session")
 def testbed() -> str:
     """The default CPU testbed (`aspo_lit.testbed`, the demo's model), built once into the cache."""

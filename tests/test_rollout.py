@@ -351,16 +351,6 @@ def test_hf_growing_kv_cache_samples_the_same_bits(tiny_model_dir, monkeypatch):
         [(c.token_ids, c.logprobs) for g in default for c in g]
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread: MKL then gives a row of a matrix product the same bits whatever the
-    product's height (>= 8 rows on AVX-512), which the lean loop's exactness rests on (rollout/decode.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.numerics
 @pytest.mark.parametrize("kind", ["sample", "tempered top-p", "raw log-probs", "greedy", "stop string"])
 def test_hf_lean_decoding_samples_generate_bits(tiny_model_dir, one_thread, kind):

@@ -19,6 +19,7 @@ from aspo_lit.rollout import SamplingConfig, build_engine
 from aspo_lit.rollout.process import EngineProcess, EngineProcessError
 from aspo_lit.seeding import derived_seed
 from data_modules.sources import PromptBatches
+from tests.tolerance import torch_threads
 
 pytestmark = pytest.mark.multiproc
 
@@ -72,15 +73,11 @@ def test_engine_process_generates_each_request_with_the_weights_sent_before_it(t
     assert (early[0], late[0]) == (0, 1)
     local = build_engine("hf")
     local.attach(None, None, testbed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         for version, sent, result, seed in ((0, state, early, 11), (1, _scaled(state, 0.5), late, 12)):
             local.update_weights(sent)
             expected = local.generate(prompts, n=3, sampling=_sampling(seed))
             assert [[c.token_ids for c in g] for g in result[1]] == [[c.token_ids for c in g] for g in expected], version
-    finally:
-        torch.set_num_threads(threads)
     assert [[c.token_ids for c in g] for g in early[1]] != [[c.token_ids for c in g] for g in late[1]]
 
 
@@ -206,9 +203,7 @@ def test_staleness_one_replays_sequentially_with_the_weights_each_batch_had(test
     weights = sorted((uninterrupted / "probe" / "weights").glob("*.pt"))
     engine = build_engine("hf")
     engine.attach(None, None, testbed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         for b, step in enumerate(sorted(rollouts), start=1):
             version = max(0, b - 2)
             row = metrics[b - 1]   # a logged step is a rollout batch
@@ -220,8 +215,6 @@ def test_staleness_one_replays_sequentially_with_the_weights_each_batch_had(test
                                       seed=derived_seed(seed, b), logprobs=True)
             regenerated = engine.generate(prompts, n=data["group_size"], sampling=sampling)
             assert [c.token_ids for g in regenerated for c in g] == responses, f"batch {b}"
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_sigterm_with_rollouts_in_flight_then_resume_loses_and_repeats_no_batch(testbed, uninterrupted, tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import os
 import shutil
@@ -16,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from aspo_lit.__main__ import main
+from tests.tolerance import torch_threads
 
 REPO = Path(__file__).resolve().parents[1]
 NONDETERMINISTIC = ("timing/", "perf/")
@@ -26,18 +26,6 @@ NONDETERMINISTIC = ("timing/", "perf/")
 # threads gave the same bits idle and under load (7 runs); the one-thread comparisons (the
 # speed-ups, staleness 0) never failed. One thread removes any thread-count-dependent partition of a reduction, whatever
 # the pytest worker ran before and whatever runs beside it.
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int):
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def fit_args(model: str, save_dir: Path, name: str, max_steps: int, *extra: str) -> list[str]:
@@ -95,14 +83,6 @@ def test_same_seed_same_metrics(testbed, tmp_path, one_thread):
     first_samples = [first[0][k] for k in ("response/length_mean", "train/reward_mean")]
     assert [other[0][k] for k in ("response/length_mean", "train/reward_mean")] != first_samples
     assert "seed_everything: 1\n" in (tmp_path / "c" / "version_0" / "config.yaml").read_text()
-
-
-@pytest.fixture
-def one_thread():
-    """One torch thread: the lean sampling loop gives `generate`'s bits there (rollout/decode.py),
-    and two fits give the same bits (see `torch_threads`)."""
-    with torch_threads(1):
-        yield
 
 
 @pytest.mark.numerics

@@ -12,18 +12,22 @@ Three kinds of bound, and exactness:
   trusted fp32 path (:func:`assert_as_accurate`);
 * float64 maths on O(1) values: :data:`FLOAT64_REL`.
 
-Results claimed bit-identical are compared with ``torch.equal`` / ``==``, never through here.
+Results claimed bit-identical are compared with ``torch.equal`` / ``==``, never through here, and
+computed on one torch thread (:func:`torch_threads`): MKL gives a row of a matrix product the same
+bits whatever the product's height there (>= 8 rows on AVX-512), and two fits compared bit for bit
+held in a pytest worker only there (tests/test_training.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
 __all__ = ["unit_roundoff", "gamma", "rounding_tol", "underflow_tol", "reduction_tol", "log_softmax_tol", "FLOAT64_REL", "approx64",
-           "AS_ACCURATE_FACTOR", "assert_as_accurate", "assert_within"]
+           "AS_ACCURATE_FACTOR", "assert_as_accurate", "assert_within", "torch_threads"]
 
 
 def unit_roundoff(dtype: torch.dtype = torch.float32) -> float:
@@ -144,3 +148,13 @@ def assert_within(got: torch.Tensor, want: torch.Tensor, atol, *, name: str = ""
                              f"first at flat index {i}: |{got.flatten()[i].item()!r} - {want.flatten()[i].item()!r}| "
                              f"= {err.flatten()[i].item():.3g} > {bound.flatten()[i].item():.3g}")
 
+
+@contextlib.contextmanager
+def torch_threads(threads: int):
+    """torch's intra-op threads set to ``threads`` inside the block, the caller's count restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
