@@ -30,8 +30,10 @@ computes it G times (on the CPU testbeds a quarter of a row's tokens). Causal at
 prompt's hidden states and keys/values independent of what follows it, so `encode_prompts` runs
 each distinct prompt once (with the grad when it is enabled) into transformers' ``DynamicCache``,
 keeping its keys/values and its last position's final hidden state (`PromptStates`), and
-`responses_from_prompts` runs only the response columns of each row against its prompt's copy (an
-index, whose backward sums the rows' gradients into the prompt's). ``response_logprobs(...,
+`responses_from_prompts` runs only the response columns of each row against its prompt's copy
+(``index_select``, whose backward sums the rows' gradients into the prompt's one row after another:
+the same bits on any number of threads, where an advanced index's backward adds them with atomic
+float adds from parallel threads, in an order that changed from run to run). ``response_logprobs(...,
 share_prompt=True)`` does both for one call; `ASPOModule` encodes a mini-batch's prompts once for
 all its micro-batches: the micro-batches' backwards accumulate into `PromptStates.leaves`, and
 `prompt_backward_term` carries that sum through the prompt pass once. The log-probs, entropy
@@ -195,7 +197,7 @@ class PromptStates:
         """A ``DynamicCache`` holding each row's prompt (``owner``: the row's index into the prompts)."""
         cache = DynamicCache(config=config)
         for layer, (keys, values) in enumerate(zip(self.keys, self.values)):
-            cache.update(keys[owner], values[owner], layer)
+            cache.update(keys.index_select(0, owner), values.index_select(0, owner), layer)
         return cache
 
 
@@ -239,7 +241,7 @@ def responses_from_prompts(
                   position_ids=position_ids_from_mask(attention_mask)[:, prompt_length:],
                   past_key_values=prompts.cache_for(owner, model.config), use_cache=False,
                   logits_to_keep=labels.shape[1])
-    return _with_fused_head(model, _fusable_head(model), labels, inputs, first_hidden=prompts.last_hidden[owner],
+    return _with_fused_head(model, _fusable_head(model), labels, inputs, first_hidden=prompts.last_hidden.index_select(0, owner),
                             temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
 
 

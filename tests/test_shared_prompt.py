@@ -135,3 +135,38 @@ def test_share_prompt_refusals(testbed):
     assert module.policy is not None
 
 
+
+
+def test_shared_prompt_gradient_has_the_same_bits_on_every_call_on_two_threads():
+    """The rows' gradients summed into their prompt's keys, values and last hidden state in one
+    order on any thread count: an advanced index's backward (``keys[owner]``) adds them with atomic
+    float adds from parallel threads once the tensor is large (ATen's ``index_put_`` with accumulate,
+    >= 32,768 elements on > 1 thread), and two fits of one seed then differed from the first update
+    (83 of 100 logged values on the demo at 2 threads). Big enough here to take that path."""
+    import transformers
+
+    from tests.tolerance import torch_threads
+
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=96)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config).float()
+        prompts = [torch.randint(1, VOCAB, (40,)).tolist() for _ in range(8)]
+        completions = [[Completion(torch.randint(1, VOCAB, (24,)).tolist(), "", "stop") for _ in range(8)]
+                       for _ in prompts]
+    packed = pack_rollouts(prompts, completions, pad_token_id=0)
+    # rows of one prompt in both threads' halves at once, as micro-batches sorted by length have them
+    rows = torch.arange(64).view(8, 8).T.reshape(-1)
+    packed = {k: v[rows] if torch.is_tensor(v) else v for k, v in packed.items()}
+    params = list(model.parameters())
+
+    def grads() -> list[torch.Tensor]:
+        lp, _ = response_logprobs(model, packed["input_ids"], packed["attention_mask"], packed["prompt_length"],
+                                  share_prompt=True)
+        return torch.autograd.grad((lp * packed["response_mask"]).sum(), params)
+
+    with torch_threads(2):
+        first = grads()
+        for _ in range(6):
+            assert all(torch.equal(a, b) for a, b in zip(first, grads()))
