@@ -21,11 +21,11 @@ export ASPO_DATA_DIR ?= $(abspath ../shared/data)
 endif
 space := $(subst ,, )
 
-.PHONY: setup test test-fast test-numerics test-all lint format demo demo-seeds testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short study-v2 study-mechanism study-staleness bench clean help
+.PHONY: setup test test-fast test-numerics test-all lint format demo demo-seeds testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short study-v2 study-mechanism study-staleness study-bands bench clean help
 .PHONY: testbed-code tiny-code reproduce-table2 bench-code reproduce-table3
 
 help:
-	@echo "make demo | demo-seeds | test | test-fast | test-numerics | test-all | lint | format | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | study-mechanism | study-staleness | bench"
+	@echo "make demo | demo-seeds | test | test-fast | test-numerics | test-all | lint | format | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | study-mechanism | study-staleness | study-bands | bench"
 	@echo "code:  make testbed-code | tiny-code | reproduce-table2 [PROFILE=tiny] | bench-code"
 	@echo "out of domain:  make reproduce-table3 [PROFILE=tiny]"
 
@@ -81,6 +81,8 @@ format: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The testbeds ship with the package (aspo_lit/testbeds/, docs/testbed.md); these rebuild one by its
+# recipe into .cache/aspo_lit and report how the build compares with the shipped weights.
 testbed: $(STAMP)
 	$(PY) -m aspo_lit build-testbed
 
@@ -95,17 +97,14 @@ gpu-check:
 # Every shipped paper config on 2 CPU processes, sizes and hardware changed only (conf/rehearsal/cpu.yaml);
 # verdicts in runs/rehearsal/<config>.json.
 rehearse: $(STAMP)
-	@$(PY) -m aspo_lit build-testbed
 	$(PY) -m tests.rehearsal.run $(CONFIGS)
 
 demo: $(STAMP)
-	@$(PY) -m aspo_lit build-testbed
 	$(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml
 
 # The demo over seeds 0-4, 2 runs at a time, then the table of docs/demo.md (~15 min on 2 cores); then
 # each run can be checked against the shipped reference: python -m aspo_lit compare runs/demo_seeds/s0/version_0 --reference demo
 demo-seeds: $(STAMP)
-	@$(PY) -m aspo_lit build-testbed
 	$(PY) -m experiments.seeds --config conf/tiny/aspo.yaml --seeds 0 1 2 3 4 --out runs/demo_seeds
 
 # PROFILE=paper (default): evaluate conf/table1.yaml's rows (GPU node), Table 1 beside the paper.
@@ -148,6 +147,19 @@ study-staleness: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/staleness.yaml --config conf/study/staleness_k2.yaml
 	$(PY) -m aspo_lit study --config conf/study/staleness.yaml --config conf/study/staleness_k4.yaml
 
+# What the demo reference's bands detect and how often they cry wolf (docs/compare.md): the reference's 20
+# seeds, 40 held-out seeds under four CPU settings (1 and 2 threads, ATen's scalar and AVX2 kernels), the
+# regressions of experiments/sensitivity.py over 3 seeds, then the report (~1.5 h on 2 cores; resumable).
+BANDS_RUNS ?= runs/bands
+study-bands: $(STAMP)
+	$(PY) -m experiments.seeds --config conf/tiny/aspo.yaml --seeds $$(seq -s ' ' 0 19) --out $(BANDS_RUNS)/ref_demo
+	$(PY) -m experiments.seeds --config conf/tiny/aspo.yaml --seeds $$(seq -s ' ' 100 109) --out $(BANDS_RUNS)/heldout/t1
+	$(PY) -m experiments.seeds --config conf/tiny/aspo.yaml --seeds $$(seq -s ' ' 110 119) --out $(BANDS_RUNS)/heldout/t2 --jobs 1
+	ATEN_CPU_CAPABILITY=default $(PY) -m experiments.seeds --config conf/tiny/aspo.yaml --seeds $$(seq -s ' ' 120 129) --out $(BANDS_RUNS)/heldout/aten_default
+	ATEN_CPU_CAPABILITY=avx2 $(PY) -m experiments.seeds --config conf/tiny/aspo.yaml --seeds $$(seq -s ' ' 130 139) --out $(BANDS_RUNS)/heldout/aten_avx2
+	$(PY) -m experiments.sensitivity --out $(BANDS_RUNS)/sensitivity
+	$(PY) -m experiments.bands --runs $(BANDS_RUNS)
+
 study-mechanism: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/mechanism.yaml
 	$(PY) -m aspo_lit study --config conf/study/mechanism.yaml --config conf/study/mechanism_lr5e-5.yaml
@@ -160,12 +172,12 @@ clean:
 	rm -rf runs lightning_logs .pytest_cache
 
 # --- code RL (Table 2) ---------------------------------------------------------------------
-# The tiny code testbed (.cache/aspo_lit/testbed-code, ~1 min) and ASPO on the tiny code task
-# through the sandboxed execution reward (bubblewrap; `make setup` installs it).
+# The tiny code testbed's recipe (~1 min; the shipped one is aspo_lit/testbeds/testbed-code), and
+# ASPO on the tiny code task through the sandboxed execution reward (bubblewrap; `make setup` installs it).
 testbed-code: $(STAMP)
 	$(PY) -m aspo_lit build-testbed --profile testbed-code
 
-tiny-code: testbed-code
+tiny-code: $(STAMP)
 	$(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml --config conf/tiny/code_aspo.yaml
 
 # PROFILE=paper (default): evaluate conf/table2.yaml's rows on LiveCodeBench v5/v6 (GPU node),
@@ -173,7 +185,6 @@ tiny-code: testbed-code
 # GRPO/ASPO code runs first unless their last.ckpt exists.
 reproduce-table2: $(STAMP)
 ifeq ($(PROFILE),tiny)
-	@$(PY) -m aspo_lit build-testbed --profile testbed-code --quiet true
 	@for loss in grpo aspo; do \
 	  [ -f runs/tiny_code_$$loss/checkpoints/last.ckpt ] || $(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml --config conf/tiny/code_$$loss.yaml || exit 1; \
 	done
@@ -193,7 +204,6 @@ bench-code: $(STAMP)
 # GRPO/ASPO rows are those of reproduce-table1 PROFILE=tiny (reported missing when not trained).
 reproduce-table3: $(STAMP)
 ifeq ($(PROFILE),tiny)
-	@$(PY) -m aspo_lit build-testbed
 	$(PY) -m aspo_lit table3 --config conf/tiny/table3.yaml
 else
 	$(PY) -m aspo_lit table3 --config conf/table3.yaml --compare_paper true

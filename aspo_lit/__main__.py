@@ -36,7 +36,7 @@ class Tool:
 
 
 TOOLS: dict[str, Tool] = {
-    "build-testbed": Tool("aspo_lit.testbed.cli:build", "build (or find in the cache) a CPU testbed model"),
+    "build-testbed": Tool("aspo_lit.testbed.cli:build", "build a CPU testbed by its recipe and compare it with the shipped one"),
     "evaluate": Tool("aspo_lit.eval.evaluate:evaluate",
                      "avg@K / pass@K of a model on the math, code or multiple-choice benchmarks"),
     "table1": Tool("aspo_lit.eval.table_commands:table", "evaluate conf/table1.yaml's rows, Table 1 beside the paper",

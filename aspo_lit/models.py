@@ -8,15 +8,16 @@ import torch
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """`"testbed"` / `"testbed-long"` → the cached CPU testbed model (built on first use; see
-    `aspo_lit.testbed.PROFILES`); anything else unchanged.
+    """`"testbed"` / `"testbed-long"` / `"testbed-code"` → the CPU testbed shipped with the package
+    (`aspo_lit.testbed.shipped`: the same weights on every machine, checked against their SHA-256);
+    anything else unchanged.
 
     A local folder is used as is; any other string is an HF hub id, loaded by transformers.
     """
-    from aspo_lit.testbed.build import PROFILES, build_testbed
+    from aspo_lit.testbed.shipped import NAMES, shipped_dir
 
-    if name_or_path in PROFILES:
-        return str(build_testbed(PROFILES[name_or_path]))
+    if name_or_path in NAMES:
+        return str(shipped_dir(name_or_path))
     if name_or_path.startswith((".", "/", "~")) and not Path(name_or_path).expanduser().exists():
         raise FileNotFoundError(f"model_name_or_path: no such folder {name_or_path!r}")
     return name_or_path

@@ -49,6 +49,8 @@ from aspo_lit.seeding import derived_seed, run_seed
 from aspo_lit.settings import check_choice, check_positive_int, choices
 from aspo_lit.stats import Stat, StatAccumulator
 from aspo_lit.step import StepOutput
+from aspo_lit.testbed.shipped import describe as describe_testbed
+from aspo_lit.testbed.shipped import identity as testbed_identity
 
 # The settings with a fixed set of values (LightningCLI rejects any other, naming the key; `_validate_hparams`
 # does for a module built in Python). kl_kind: `aspo_lit.losses.KLKind`, verl's names next to Schulman's.
@@ -221,6 +223,9 @@ class ASPOModule(ReferenceHolder, LightningModule):
         # DataModule hparams and refuses one key with two values (the DataModule has its own seed).
         self.save_hyperparameters(ignore=["loss", "seed"])
         self.hparams["model_name_or_path"] = model_name_or_path  # LightningCLI saves the unresolved config value
+        testbed = testbed_identity(model_name_or_path)
+        if testbed is not None:  # which testbed (and version) the run started from: `compare` reads it
+            self.hparams["testbed"] = describe_testbed(testbed)
         self.seed = run_seed(seed)  # only for shuffle_mini_batches; null: the run's seed_everything
         self.hparams["loss_name"] = loss if isinstance(loss, str) else type(loss).__name__
         self.automatic_optimization = False
@@ -230,6 +235,14 @@ class ASPOModule(ReferenceHolder, LightningModule):
         self.skipped_steps_total = 0
         self.grad_scaler = None  # fp16 compute: torch's ShardedGradScaler, made in configure_model
         self.val_metrics = torch.nn.ModuleDict()  # validation avg@K / pass@K, created at the first batch
+
+    def on_fit_start(self) -> None:
+        """Which testbed (and version) the run starts from, into every logger's hyper-parameters
+        (``hparams.yaml``): `compare` reads it (the hparams a logger records are those of ``__init__``'s
+        arguments, which name the testbed only as ``testbed``)."""
+        if self.hparams.get("testbed"):
+            for logger in self.loggers:
+                logger.log_hyperparams({"testbed": self.hparams["testbed"]})
 
     # --- model construction -------------------------------------------------------------------
 

@@ -26,8 +26,7 @@ working directory)::
     tail_fraction: 0.2            # "final" train metric = mean over the last 20% of logged steps
     smooth: 0.6                   # EMA weight of the plotted curves (display only)
     base_eval: true               # validate the untrained model once per seed
-    prebuild_testbed: true        # build/find the testbed once, pin its folder for every run
-    model_path: null              # (set by the prebuild) the model folder every run gets
+    model_path: null              # (set when the model is a shipped testbed) the folder every run gets
     executor: local               # local | slurm (submitit)
     slurm: {}                     # SLURM parameters, e.g. {partition: gpu, gpus_per_node: 1, cpus_per_task: 8}
     timeout_min: 1440             # time limit of one run (SLURM: its --time)
@@ -44,7 +43,6 @@ import hashlib
 import inspect
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -53,7 +51,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from experiments.report import write_report
-from experiments.runner import REPO, Run, RunJob, execute, make_executor, read_json, run_env, run_name, write_json
+from experiments.runner import REPO, Run, RunJob, execute, make_executor, read_json, run_name, write_json
 
 
 @dataclass
@@ -76,11 +74,11 @@ class Study:
     tail_fraction: float
     smooth: float
     base_eval: bool
-    prebuild_testbed: bool
     executor: str
     slurm: dict[str, Any]
     timeout_min: int
-    model_path: str | None = None   # set by prebuild_testbed: every run gets the same built testbed
+    model_path: str | None = None   # set by pin_testbed: every run gets the shipped testbed's folder
+    testbed: str | None = None      # set by pin_testbed: which testbed (and version) the runs train
 
     @property
     def runs_dir(self) -> Path:
@@ -204,28 +202,16 @@ def model_name(study: Study) -> str:
     return name
 
 
-def prebuild_testbed(study: Study, echo=print) -> int:
-    """Build (or find) the cached testbed once, so parallel runs never build it twice, and pin its
-    folder for every run (``study.model_path``): all runs train the very same model even if the
-    testbed's defaults change while the study runs."""
-    from aspo_lit.testbed import PROFILES
+def pin_testbed(study: Study, echo=print) -> None:
+    """Pin the shipped testbed the base configs name (``study.model_path``) and record which one and
+    its version (``study.testbed``, written into ``study.json``): a report names the weights it ran on."""
+    from aspo_lit.testbed.shipped import NAMES, describe, identity, shipped_dir
 
     name = model_name(study)
-    if name not in PROFILES:
-        return 0
-    log = study.logs_dir / "build_testbed.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    echo(f"[study] testbed model {name!r} (cached after the first build)  log: {log}")
-    with open(log, "a") as handle:
-        proc = subprocess.run([sys.executable, "-m", "aspo_lit", "build-testbed", "--profile", name], cwd=str(REPO),
-                              env=run_env(os.cpu_count() or 1, os.environ), stdout=subprocess.PIPE, stderr=handle,
-                              text=True)
-        handle.write(proc.stdout)
-    for line in proc.stdout.splitlines():
-        if line.strip() and (Path(line.strip()) / "testbed.json").is_file():
-            study.model_path = line.strip()
-            echo(f"[study] testbed: {study.model_path}")
-    return proc.returncode
+    if name in NAMES:
+        study.model_path = str(shipped_dir(name))
+        study.testbed = describe(identity(study.model_path))
+        echo(f"[study] testbed: {study.testbed} ({study.model_path})")
 
 
 def run_all(study: Study, runs: Sequence[Run], echo=print) -> tuple[list[dict], bool]:
@@ -239,7 +225,7 @@ def run_all(study: Study, runs: Sequence[Run], echo=print) -> tuple[list[dict], 
     if ran:
         record = read_json(study.out_dir / "study.json")
         record.setdefault("invocations", []).append({
-            "model": study.model_path, "started": start, "wall_s": round(wall, 1), "jobs": study.jobs,
+            "model": study.model_path, "testbed": study.testbed, "started": start, "wall_s": round(wall, 1), "jobs": study.jobs,
             "threads": study.threads_per_job, "load_start": load, "load_end": os.getloadavg()[0],
             "executor": study.executor, "ran": ran,
             "failed": [o["name"] for o in outcome if o["status"] == "failed"], "interrupted": interrupted})
@@ -255,7 +241,7 @@ def study(name: str = "study", description: str = "", base_config: str | list[st
           losses: list[str] = ["grpo", "grpo_no_is", "grpo_pos_mean", "aspo", "aspo_no_dual_clip"],  # noqa: B006
           seeds: list[int] = [0, 1, 2], max_steps: int = 80, overrides: list[str] | None = None,  # noqa: B006
           out_dir: str = "runs/study", jobs: int = 2, threads: int | None = None, report: str = "docs/study.md",
-          tail_fraction: float = 0.2, smooth: float = 0.6, base_eval: bool = True, prebuild_testbed: bool = True,
+          tail_fraction: float = 0.2, smooth: float = 0.6, base_eval: bool = True,
           executor: Literal["local", "slurm"] = "local", slurm: dict[str, Any] | None = None,
           timeout_min: int = 1440, report_only: bool = False, dry_run: bool = False,
           config_files: list[str] | None = None) -> int:
@@ -276,7 +262,6 @@ def study(name: str = "study", description: str = "", base_config: str | list[st
         tail_fraction: a "final" train metric is the mean over the last fraction of logged steps.
         smooth: EMA weight of the plotted curves (display only).
         base_eval: validate the untrained model once per seed (the "initial model" row).
-        prebuild_testbed: build (or find) the testbed once and pin its folder for every run.
         executor: submitit's local processes or a SLURM job array.
         slurm: SLURM parameters, e.g. {partition: gpu, gpus_per_node: 1, cpus_per_task: 8}.
         timeout_min: time limit of one run (SLURM: its --time).
@@ -315,9 +300,7 @@ def run_study(study: Study, report_only: bool = False, dry_run: bool = False) ->
              f"{study.threads_per_job} thread(s) each, executor {study.executor}; out_dir {study.out_dir}")
     if todo:
         study.out_dir.mkdir(parents=True, exist_ok=True)
-        if study.prebuild_testbed and prebuild_testbed(study, echo=echo) != 0:
-            print(f"[study] building the testbed failed; see {study.logs_dir / 'build_testbed.log'}", file=sys.stderr)
-            return 1
+        pin_testbed(study, echo=echo)
         outcome, interrupted = run_all(study, todo, echo=echo)
         if interrupted:
             echo("[study] interrupted; rerun the same command to resume")

@@ -50,11 +50,9 @@ def resolve_model(arg: str | None, tmp: Path) -> tuple[Path, str]:
     if arg:
         return Path(arg), "given"
     try:
-        from aspo_lit.testbed import testbed_dir
+        from aspo_lit.testbed.shipped import shipped_dir
 
-        d = testbed_dir()
-        if (d / "testbed.json").is_file():
-            return d, "testbed"
+        return shipped_dir("testbed"), "testbed"
     except Exception:  # noqa: BLE001 - testbed module optional here
         pass
     return _random_testbed_shaped_model(tmp / "tiny"), "random tiny llama (testbed shape)"

@@ -114,9 +114,9 @@ def qwen2_from_testbed(out: Path, tied: bool = False) -> Path:
     ``tied``: with `tie_word_embeddings=True`, the testbed's input embedding as the LM head too."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from aspo_lit.testbed import build_testbed
+    from aspo_lit.testbed.shipped import shipped_dir
 
-    src = build_testbed(verbose=False)
+    src = shipped_dir("testbed")
     llama = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     c = llama.config
     config = Qwen2Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,

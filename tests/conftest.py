@@ -148,10 +148,10 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def testbed() -> str:
-    """The default CPU testbed (`aspo_lit.testbed`, the demo's model), built once into the cache."""
-    from aspo_lit.testbed import build_testbed
+    """The default CPU testbed (the demo's model), as shipped with the package."""
+    from aspo_lit.testbed.shipped import shipped_dir
 
-    return str(build_testbed())
+    return str(shipped_dir("testbed"))
 
 
 def _process_state() -> dict:

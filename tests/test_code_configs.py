@@ -60,9 +60,9 @@ def test_a_math_reward_on_code_data_is_an_error():
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (make setup)")
 def test_tiny_code_profile_trains_end_to_end(tmp_path):
-    from aspo_lit.testbed.code import build_code_testbed
+    from aspo_lit.testbed.shipped import shipped_dir
 
-    model = build_code_testbed()
+    model = shipped_dir("testbed-code")
     args = ["fit", "--config", str(REPO / "conf/tiny/aspo.yaml"), "--config", str(REPO / "conf/tiny/code_aspo.yaml"),
             f"--model.model_name_or_path={model}", "--trainer.max_steps=8", "--trainer.val_check_interval=2",
             f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.logger.init_args.name=code",

@@ -130,16 +130,14 @@ def test_table2_configs_parse():
 @pytest.mark.slow
 @needs_bwrap
 def test_tiny_profile_table2(tmp_path, shared_data_dir):
-    """conf/tiny/table2.yaml end to end on the code testbed (built on first use): the base row
-    always, the GRPO/ASPO rows when the tiny code runs exist, else reported missing."""
+    """conf/tiny/table2.yaml end to end on the code testbed (shipped): the base row always, the
+    GRPO/ASPO rows when the tiny code runs exist, else reported missing."""
     import yaml
 
     from aspo_lit.eval.evaluate import run_table2
-    from aspo_lit.testbed.code import build_code_testbed
 
     if not (shared_data_dir / "code" / "lcb_v5.jsonl").is_file():
         pytest.skip("LiveCodeBench files not staged")
-    build_code_testbed()
     config = yaml.safe_load((REPO / "conf" / "tiny" / "table2.yaml").read_text())
     config["benchmarks"][0]["generate"]["n"] = 16
     _, rows = run_table2({**config, "out_dir": str(tmp_path), "data_dir": str(shared_data_dir)}, root=REPO)

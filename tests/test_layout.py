@@ -93,7 +93,8 @@ def test_readme_layout_names_the_tree():
 
 def test_wheel_carries_the_configs(tmp_path):
     """A non-editable install (a wheel, no checkout around it) resolves `conf/...` to the configs
-    shipped inside the package, so `python -m aspo_lit fit --config conf/aspo.yaml` works."""
+    shipped inside the package, so `python -m aspo_lit fit --config conf/aspo.yaml` works; it carries
+    the shipped testbeds (their files matching their records) and references."""
     source = tmp_path / "source"   # a copy: setuptools writes build/ into the tree it builds
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -112,12 +113,17 @@ def test_wheel_carries_the_configs(tmp_path):
     work = tmp_path / "elsewhere"
     work.mkdir()
     probe = ("import aspo_lit, sys; from aspo_lit.configs import resolve_config;"
-             "print(aspo_lit.__file__); print(resolve_config('conf/aspo.yaml'))")
+             "from aspo_lit.testbed.shipped import shipped_dir;"
+             "print(aspo_lit.__file__); print(resolve_config('conf/aspo.yaml'));"
+             "print(*[shipped_dir(n) for n in ('testbed', 'testbed-long', 'testbed-code')])")
     out = subprocess.run([sys.executable, "-c", probe], cwd=work, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True).stdout.split()
     assert out[0].startswith(str(site)), "the wheel's copy must be the one imported"
     assert Path(out[1]) == site / "aspo_lit" / "conf" / "aspo.yaml"
     assert Path(out[1]).read_text() == (REPO / "conf" / "aspo.yaml").read_text()
+    assert out[2:] == [str(site / "aspo_lit" / "testbeds" / n) for n in ("testbed", "testbed-long", "testbed-code")]
+    references = sorted(p.name for p in (site / "aspo_lit" / "references").glob("*.json"))
+    assert references == sorted(p.name for p in (REPO / "aspo_lit" / "references").glob("*.json"))
 
 
 def test_marker_map_names_existing_test_modules():

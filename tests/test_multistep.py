@@ -91,14 +91,14 @@ def test_profiles_and_config_validation():
         TestbedConfig(stop_on="vibes")
 
 
-def test_model_name_resolves_profiles(monkeypatch, tmp_path):
+def test_model_name_resolves_to_the_shipped_testbeds(monkeypatch):
     import aspo_lit.testbed.build as T
     from aspo_lit.models import resolve_model_path
+    from aspo_lit.testbed.shipped import ROOT
 
-    built = []
-    monkeypatch.setattr(T, "build_testbed", lambda config: built.append(config) or tmp_path)
-    assert resolve_model_path("testbed-long") == str(tmp_path)
-    assert built == [T.PROFILES["testbed-long"]]
+    monkeypatch.setattr(T, "build_testbed", lambda *a, **k: pytest.fail("a testbed was built"))
+    for name in ("testbed", "testbed-long", "testbed-code"):
+        assert resolve_model_path(name) == str(ROOT / name)
     assert resolve_model_path("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
 
 

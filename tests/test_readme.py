@@ -42,9 +42,8 @@ def readme_blocks(heading: str) -> dict[str, list[str]]:
     return blocks
 
 
-def test_readme_diagnostic_appended_keeps_every_shipped_metric(tmp_path, monkeypatch):
+def test_readme_diagnostic_appended_keeps_every_shipped_metric(testbed, tmp_path, monkeypatch):
     from aspo_lit.__main__ import main
-    from aspo_lit.testbed import build_testbed
 
     blocks = readme_blocks("### A diagnostic")
     (python,), (config,), (command,) = blocks["python"], blocks["yaml"], blocks["bash"]
@@ -56,7 +55,7 @@ def test_readme_diagnostic_appended_keeps_every_shipped_metric(tmp_path, monkeyp
     assert words[:4] == ["python", "-m", "aspo_lit", "fit"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        code = main(words[3:] + SMALL + [f"--model.model_name_or_path={build_testbed()}",
+        code = main(words[3:] + SMALL + [f"--model.model_name_or_path={testbed}",
                                          f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"])
     assert code == 0
     assert not [w for w in caught if "trainer.callbacks lack" in str(w.message)]

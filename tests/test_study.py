@@ -355,8 +355,7 @@ def test_ctrl_c_stops_the_runs_cleanly(tmp_path, mode):
 def test_study_skips_done_runs_and_reports_a_failure(tmp_path, monkeypatch):
     """`main` through submitit with fake runs: a done run is skipped, a failing one is reported
     (exit status 1) and the others' markers are written; the report is rendered."""
-    study = S.load_study(write_study_yaml(tmp_path, losses=["grpo", "aspo", "cispo"], seeds=[0], base_eval=False,
-                                          prebuild_testbed=False))
+    study = S.load_study(write_study_yaml(tmp_path, losses=["grpo", "aspo", "cispo"], seeds=[0], base_eval=False))
     skipped = study.plan()[2]
     skipped.dir.mkdir(parents=True)
     skipped.done_marker.write_text("{}")
@@ -495,8 +494,9 @@ def test_study_configs_parse():
     assert set(default.losses) == set(LOSSES) and len(default.seeds) >= 3
 
 
-def test_prebuild_builds_the_profile_the_base_configs_name(tmp_path, monkeypatch):
-    """The study builds (and pins) the testbed its fit configs train, read through `config:` bases."""
+def test_the_shipped_testbed_the_base_configs_name_is_pinned(tmp_path):
+    from aspo_lit.testbed.shipped import shipped_dir
+
     base = tmp_path / "base.yaml"
     base.write_text("model:\n  model_name_or_path: testbed\n")
     derived = tmp_path / "derived.yaml"
@@ -507,19 +507,12 @@ def test_prebuild_builds_the_profile_the_base_configs_name(tmp_path, monkeypatch
     assert S.model_name(study) == "testbed-long"
     study.overrides = ["--model.model_name_or_path=/some/folder"]
     assert S.model_name(study) == "/some/folder"
-    calls = []
-    monkeypatch.setattr(S.subprocess, "run", lambda argv, **kw: calls.append(argv))
-    assert S.prebuild_testbed(study, echo=lambda m: None) == 0 and calls == []   # not a testbed
+    S.pin_testbed(study, echo=lambda m: None)
+    assert study.model_path is None and study.testbed is None   # not a testbed
     study.overrides = []
-    out = tmp_path / "built"
-    (out).mkdir()
-    (out / "testbed.json").write_text("{}")
-
-    class Done:
-        returncode, stdout = 0, f"{out}\n"
-    monkeypatch.setattr(S.subprocess, "run", lambda argv, **kw: calls.append(argv) or Done())
-    assert S.prebuild_testbed(study, echo=lambda m: None) == 0
-    assert calls[-1][-2:] == ["--profile", "testbed-long"] and study.model_path == str(out)
+    S.pin_testbed(study, echo=lambda m: None)
+    assert study.model_path == str(shipped_dir("testbed-long")) and study.testbed == "testbed-long v1"
+    assert f"--model.model_name_or_path={study.model_path}" in S.command(study.plan()[0], study)
 
 
 def test_dry_run_prints_commands(tmp_path, capsys):

@@ -284,7 +284,9 @@ def test_force_rebuild_and_cli(tiny_testbed, tmp_path, capsys):
     mtime = (path / "testbed.json").stat().st_mtime_ns
     assert main(["build-testbed", "--cache_dir", str(tmp_path), "--overrides", overrides, "--force", "true"]) == 0
     assert (path / "testbed.json").stat().st_mtime_ns != mtime
-    assert json.loads(out[out.index("{"):])["config_hash"] in path.name
+    assert json.loads(out[out.index("{"):out.rindex("}") + 1])["config_hash"] in path.name
+    # the last line: how this build compares with the shipped testbed (here another recipe)
+    assert out.splitlines()[-1].startswith("against the shipped testbed v1") and "another recipe" in out
 
 
 def test_held_out_accuracy_helper(tiny_testbed):
@@ -339,14 +341,13 @@ def test_tiny_build_loads_in_vllm(tiny_testbed, tmp_path):
     assert rc == 0 and "VLLM_OK" in text, f"rc={rc}\n{text[-3000:]}"
 
 
-@pytest.mark.slow
-def test_default_testbed_is_a_useful_rl_start():
-    """The default build's sampled accuracy (T=1) on fresh held-out problems is within 20–80%."""
-    from aspo_lit.testbed import TestbedConfig, build_testbed, held_out_accuracy
+def test_the_shipped_testbed_is_a_useful_rl_start():
+    """The shipped testbed's sampled accuracy (T=1) on fresh held-out problems is within 20-80%."""
+    from aspo_lit.testbed import held_out_accuracy
+    from aspo_lit.testbed.shipped import shipped_dir, shipped_record
 
-    path = build_testbed(TestbedConfig())
-    meta = json.loads((path / "testbed.json").read_text())
+    meta = shipped_record("testbed")
     assert 0.2 <= meta["heldout"]["accuracy"] <= 0.8
     assert meta["heldout"]["mean_response_tokens"] <= 64
-    acc = held_out_accuracy(path, n=200, seed=12345)
+    acc = held_out_accuracy(shipped_dir("testbed"), n=200, seed=12345)
     assert 0.2 <= acc <= 0.8, acc

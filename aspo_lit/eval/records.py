@@ -22,7 +22,7 @@ from pathlib import Path
 
 from aspo_lit.export import is_checkpoint
 from aspo_lit.models import resolve_model_path
-from aspo_lit.testbed import PROFILES
+from aspo_lit.testbed.shipped import NAMES as TESTBEDS
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def model_tag(model: str) -> str:
         run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
         run = f"{run.parent.name}-{run.name}" if run.name.startswith("version_") else run.name
         tag = f"{run}-{path.stem}-{model_fingerprint(model)[:8]}"
-    elif model in PROFILES or path.exists():
+    elif model in TESTBEDS or path.exists():
         local = Path(resolve_model_path(model)).resolve()
         tag = f"{local.name}-{model_fingerprint(str(local))[:8]}"
     else:

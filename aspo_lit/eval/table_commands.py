@@ -18,7 +18,8 @@ from aspo_lit.eval.evaluate import SAMPLING_DEFAULTS, benchmark_spec, evaluate_m
 from aspo_lit.eval.reference import load_reference, table_reference_json, write_reference
 from aspo_lit.eval.tables import lcb_tests_note, render_table
 from aspo_lit.export import is_checkpoint
-from aspo_lit.testbed import PROFILES, arithmetic, tiny_code
+from aspo_lit.testbed import arithmetic, tiny_code
+from aspo_lit.testbed.shipped import NAMES as TESTBEDS
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ def check_model(model: str, local_only: bool = False) -> str | None:
     path = Path(model).expanduser()
     if is_checkpoint(model) or model.startswith((".", "/", "~")) or path.exists():
         return None if path.exists() else f"not found: {model}"
-    if model in PROFILES:   # built locally on first use
+    if model in TESTBEDS:   # shipped with the package
         return None
     try:
         # lazy, as in aspo_lit.models: transformers takes seconds to import and only a hub id needs it here

@@ -57,6 +57,7 @@ from aspo_lit.testbed.config import (
 from aspo_lit.testbed.evaluation import held_out_accuracy, is_correct, sample_accuracy
 from aspo_lit.testbed.model import generation_config_for, model_config
 from aspo_lit.testbed.sft import deterministic, sft_loop
+from aspo_lit.testbed.shipped import machine
 from aspo_lit.testbed.tokenizer import CHAT_TEMPLATE, encode_prompts, train_tokenizer
 
 __all__ = [
@@ -149,9 +150,6 @@ def _final_accuracy(model, tokenizer, rows, config: TestbedConfig) -> dict:
 
 
 def _build_into(out: Path, config: TestbedConfig, log) -> dict:
-    import torch
-    import transformers
-
     t0 = time.perf_counter()
     built = warm_start_into(
         out, config, config.problems(config.num_train_problems, "train"),
@@ -166,8 +164,7 @@ def _build_into(out: Path, config: TestbedConfig, log) -> dict:
         "builder_version": BUILDER_VERSION,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "build_seconds": round(build_seconds, 1),
-        "torch_threads": config.num_threads,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "built_on": machine(config.num_threads),
         "num_parameters": built.num_parameters,
         "vocab_size": built.vocab_size,
         "tie_word_embeddings": config.tie_word_embeddings,

@@ -1,4 +1,4 @@
-"""`python -m aspo_lit build-testbed`: build (or find in the cache) a CPU testbed policy."""
+"""`python -m aspo_lit build-testbed`: build a CPU testbed by its recipe, and compare it with the shipped one."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import dataclasses
 import json
 from typing import Any
 
+from aspo_lit.testbed import shipped
 from aspo_lit.testbed.build import build_testbed
 from aspo_lit.testbed.code import CodeTestbedConfig, build_code_testbed, code_testbed_dir
 from aspo_lit.testbed.config import PROFILES
@@ -14,8 +15,9 @@ CODE_PROFILE = "testbed-code"
 
 
 def build(profile: str = "testbed", overrides: dict[str, Any] | None = None, seed: int | None = None,
-          cache_dir: str | None = None, force: bool = False, quiet: bool = False) -> int:
-    """Build (if missing) a CPU testbed policy and print where it is.
+          cache_dir: str | None = None, force: bool = False, quiet: bool = False, ship: bool = False) -> int:
+    """Build (if missing) a CPU testbed by its recipe, print where it is and how it compares with the
+    testbed the package ships (`model_name_or_path: testbed` loads the shipped one; docs/testbed.md).
 
     Args:
         profile: the named testbed: testbed (the fast demo), testbed-long (the study's), or
@@ -25,12 +27,13 @@ def build(profile: str = "testbed", overrides: dict[str, Any] | None = None, see
         cache_dir: cache root (default: $ASPO_LIT_CACHE or <repo>/.cache/aspo_lit).
         force: rebuild even if cached.
         quiet: no build progress on stderr.
+        ship: make this build the shipped testbed (for maintainers: a new version when its
+            weights differ; aspo_lit/testbeds/<profile>/).
     """
     changes = {**(overrides or {}), **({} if seed is None else {"seed": seed})}
     if profile == CODE_PROFILE:
-        out = code_testbed_dir(cache_dir or None)
-        path = build_code_testbed(dataclasses.replace(CodeTestbedConfig(), **changes), out=out, force=force,
-                                  verbose=not quiet)
+        path = build_code_testbed(dataclasses.replace(CodeTestbedConfig(), **changes),
+                                  out=code_testbed_dir(cache_dir or None), force=force, verbose=not quiet)
     elif profile in PROFILES:
         path = build_testbed(dataclasses.replace(PROFILES[profile], **changes), cache_dir=cache_dir, force=force,
                              verbose=not quiet)
@@ -40,4 +43,21 @@ def build(profile: str = "testbed", overrides: dict[str, Any] | None = None, see
     print(path)
     print(json.dumps({k: meta.get(k) for k in ("config_hash", "built_at", "build_seconds",
                                                "num_parameters", "sft_steps", "heldout")}, indent=2))
+    report = shipped.compare_build(path, profile)
+    print(_comparison(report))
+    if ship:
+        record = shipped.ship(path, profile)
+        print(f"shipped as {profile} v{record['version']}: {report['shipped']}")
     return 0
+
+
+def _comparison(report: dict) -> str:
+    acc = report["heldout_accuracy"]
+    head = f"against the shipped {report['testbed']} v{report['shipped_version']} ({report['shipped']}): "
+    if report["identical"]:
+        return head + "identical (every file's SHA-256)"
+    recipe = "the same recipe" if report["same_recipe"] else "another recipe (its config hash differs)"
+    return (head + f"{recipe}; weights differ in {report['tensors_differ']} of {report['tensors']} tensors, "
+            f"max |dw| {report['max_abs_weight_diff']:.3g}"
+            + (f", shapes differ: {report['shapes_differ']}" if report["shapes_differ"] else "")
+            + f"; held-out accuracy {acc['built']} here vs {acc['shipped']} shipped")

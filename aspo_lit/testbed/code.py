@@ -27,6 +27,7 @@ from pathlib import Path
 from aspo_lit.testbed.build import publish, warm_start_into
 from aspo_lit.testbed.config import TestbedConfig, default_cache_dir
 from aspo_lit.testbed.sft import sft_loop
+from aspo_lit.testbed.shipped import machine
 from aspo_lit.testbed.tokenizer import left_padded
 
 BUILDER_VERSION = 1
@@ -131,7 +132,8 @@ def _build_into(out: Path, config: CodeTestbedConfig, log) -> dict:
     history, final = built.history, built.heldout
     summary = {"name": "aspo-lit tiny code testbed", "config": config.to_dict(),
                "config_hash": config_hash(config), "builder_version": BUILDER_VERSION,
-               "build_seconds": round(time.perf_counter() - t0, 1), "num_parameters": built.num_parameters,
+               "build_seconds": round(time.perf_counter() - t0, 1), "built_on": machine(config.num_threads),
+               "num_parameters": built.num_parameters,
                "vocab_size": built.vocab_size, "sft_steps": history["steps"],
                "sft_seconds": history["sft_seconds"], "longest_example_tokens": history["longest_example"],
                "sft_evals": history["evals"][-5:], "heldout": final}
