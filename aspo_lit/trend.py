@@ -21,14 +21,28 @@ Why Theil-Sen + Mann-Kendall rather than least squares beyond 2 SE:
   where the median pairwise slope is exactly 0 (heavy ties), which :meth:`Trend.direction`
   reports as ``flat``.
 
-Both assume the noise is independent from batch to batch (each batch is a fresh rollout); a slow
-drift of the policy is the trend being tested, not a violation.
+Mann-Kendall's null distribution assumes the values independent; batch-to-batch correlation (a
+policy that wanders) makes S spread wider, and the plain test then rejects far more often than its
+level: 11 % at lag-1 correlation 0.3 and 17 % at 0.5 on 10 values (simulated, 3,000 AR(1) series
+each). So :func:`trend` takes the series' lag-1 correlation ``rho`` and widens Var S by the AR(1)
+variance factor of Matalas & Sankarasubramanian (1967) as Yue & Wang (2004) apply it,
+``1 + 2 Σ_{k=1}^{n-1} (1 - k/n) rho^k``: with the true ``rho`` the level is back at ~5 %. Ten values
+cannot estimate ``rho``; the series' whole history can, a little (:func:`lag1_autocorrelation`: from
+its first differences, centred locally so that a trend that bends does not read as correlation, and
+used only when it is evidence of correlation). With ``rho`` estimated from a 40-value history, the
+test on its last 10 values rejects 4.5 %, 8.5 % and 11.5 % of AR(1) series at ``rho`` 0, 0.3 and 0.5
+(plain: 4.8 %, 10.5 %, 17.7 %; 3,000 series each): the excess about halved, the power on independent
+noise kept (the health verdict's decline tests, tests/test_health.py). Forty noisy values say little
+more.
 
 References: H. B. Mann, "Nonparametric tests against trend", Econometrica 13 (1945); M. G. Kendall,
 *Rank Correlation Methods* (4th ed. 1975: the variance with ties, the normal approximation with
 continuity correction); H. Theil, "A rank-invariant method of linear and polynomial regression
 analysis", Indagationes Mathematicae 12 (1950); P. K. Sen, "Estimates of the regression coefficient
-based on Kendall's tau", JASA 63 (1968).
+based on Kendall's tau", JASA 63 (1968); N. C. Matalas, A. Sankarasubramanian, "Effect of persistence
+on trend detection via regression", Water Resources Research 3 (1967); S. Yue, C. Y. Wang, "The
+Mann-Kendall test modified by effective sample size to detect trend in serially correlated
+hydrological series", Water Resources Management 18 (2004).
 """
 
 from __future__ import annotations
@@ -39,9 +53,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EXACT_MAX_N", "Trend", "mann_kendall", "mann_kendall_exact_p", "theil_sen", "trend"]
+__all__ = ["EXACT_MAX_N", "MAX_RHO", "Trend", "ar1_variance_factor", "lag1_autocorrelation", "mann_kendall",
+           "mann_kendall_exact_p", "theil_sen", "trend"]
 
 EXACT_MAX_N = 50   # untied series up to this length get the exact null distribution of S (cheap: O(n^3))
+MAX_RHO = 0.5      # a lag-1 correlation estimate is capped here: ten values say little about more
+NULL_BIAS = 0.055  # the mean of lag1_autocorrelation's raw estimate on independent noise
 
 
 def _finite(values: Sequence[float]) -> np.ndarray:
@@ -75,15 +92,54 @@ def _tie_term(y: np.ndarray) -> float:
     return float((t * (t - 1) * (2 * t + 5)).sum())
 
 
-def mann_kendall(values: Sequence[float]) -> tuple[int, float, float]:
+def lag1_autocorrelation(values: Sequence[float], significance: float = 0.05) -> float:
+    """The lag-1 correlation ``rho`` of a series' noise, from its first differences, when the series
+    shows evidence of it; else 0.
+
+    For AR(1) noise the ``m`` first differences have lag-1 correlation ``-(1 - rho) / 2`` whatever a
+    straight trend adds, so ``rho = 1 + 2 r_diff``; the differences are centred on their 5-point
+    moving average rather than their mean, so that a trend that bends (a ramp after a plateau) does
+    not read as correlation. For independent noise this estimate has mean ~0.055 (subtracted) and
+    variance ~1.5/m (both measured by simulation, 6,000 series each of 10-60 values); it is returned
+    only when it exceeds that null's one-sided ``1 - significance`` quantile, so that noise with no
+    correlation keeps the exact test (and its power) in all but ``significance`` of series. Capped at
+    :data:`MAX_RHO`; 0 for fewer than 10 finite values.
+    """
+    from scipy.stats import norm
+
+    d = np.diff(_finite(values))
+    m = d.size
+    if m < 9:
+        return 0.0
+    d = d - np.convolve(np.pad(d, 2, mode="edge"), np.full(5, 0.2), mode="valid")   # centred locally
+    denom = float((d * d).sum())
+    if denom <= 0:
+        return 0.0
+    rho = 1.0 + 2.0 * float((d[:-1] * d[1:]).sum()) / denom - NULL_BIAS
+    if rho <= float(norm.ppf(1 - significance)) * math.sqrt(1.5 / m):
+        return 0.0
+    return float(min(rho, MAX_RHO))
+
+
+def ar1_variance_factor(n: int, rho: float) -> float:
+    """How much AR(1) correlation ``rho`` widens the variance of a trend statistic over ``n`` values:
+    ``1 + 2 Σ_{k=1}^{n-1} (1 - k/n) rho^k`` (Matalas & Sankarasubramanian 1967; 1 at ``rho`` <= 0)."""
+    if rho <= 0 or n < 2:
+        return 1.0
+    k = np.arange(1, n)
+    return float(1.0 + 2.0 * ((1.0 - k / n) * rho ** k).sum())
+
+
+def mann_kendall(values: Sequence[float], rho: float = 0.0) -> tuple[int, float, float]:
     """``(S, Var S, two-sided p)`` of the Mann-Kendall test for a monotonic trend.
 
     ``S = Σ_{i<j} sign(y_j - y_i)``; under "no trend" (every order of the values equally likely)
     ``Var S = [n(n-1)(2n+5) - Σ_t t(t-1)(2t+5)] / 18``, the sum over groups of ``t`` tied values
-    (Kendall 1975). The p-value is exact for an untied series of at most :data:`EXACT_MAX_N` values
-    (:func:`mann_kendall_exact_p`), else the normal approximation with continuity correction,
-    ``z = (S - sign S) / sqrt(Var S)``, ``p = erfc(|z| / sqrt 2)``. Fewer than 2 finite values, or
-    all equal: ``(0, 0.0, 1.0)``.
+    (Kendall 1975), times :func:`ar1_variance_factor` when the values are correlated at lag 1
+    (``rho`` > 0; module docstring). The p-value is exact for an untied, uncorrelated series of at
+    most :data:`EXACT_MAX_N` values (:func:`mann_kendall_exact_p`), else the normal approximation with
+    continuity correction, ``z = (S - sign S) / sqrt(Var S)``, ``p = erfc(|z| / sqrt 2)``. Fewer than
+    2 finite values, or all equal: ``(0, 0.0, 1.0)``.
     """
     y = _finite(values)
     n = y.size
@@ -92,10 +148,10 @@ def mann_kendall(values: Sequence[float]) -> tuple[int, float, float]:
     i, j = _pairs(n)
     s = int(np.sign(y[j] - y[i]).sum())
     ties = _tie_term(y)
-    var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0
+    var = (n * (n - 1) * (2 * n + 5) - ties) / 18.0 * ar1_variance_factor(n, rho)
     if var <= 0:
         return s, 0.0, 1.0
-    if ties == 0 and n <= EXACT_MAX_N:
+    if ties == 0 and n <= EXACT_MAX_N and rho <= 0:
         return s, var, mann_kendall_exact_p(s, n)
     z = (s - np.sign(s)) / math.sqrt(var)
     return s, var, min(1.0, math.erfc(abs(z) / math.sqrt(2.0)))
@@ -128,6 +184,7 @@ class Trend:
     s: int
     var_s: float
     p: float
+    rho: float = 0.0    # the lag-1 correlation the test allowed for
 
     @property
     def start(self) -> float:
@@ -155,9 +212,10 @@ class Trend:
         return "flat"
 
 
-def trend(values: Sequence[float]) -> Trend:
-    """:class:`Trend` of ``values`` (non-finite ones dropped, the rest re-indexed)."""
+def trend(values: Sequence[float], rho: float = 0.0) -> Trend:
+    """:class:`Trend` of ``values`` (non-finite ones dropped, the rest re-indexed), its test allowing
+    for lag-1 correlation ``rho`` (:func:`lag1_autocorrelation` of the series' history)."""
     y = _finite(values)
     slope, intercept = theil_sen(y)
-    s, var, p = mann_kendall(y)
-    return Trend(n=int(y.size), slope=slope, intercept=intercept, s=s, var_s=var, p=p)
+    s, var, p = mann_kendall(y, rho)
+    return Trend(n=int(y.size), slope=slope, intercept=intercept, s=s, var_s=var, p=p, rho=float(max(rho, 0.0)))

@@ -125,10 +125,12 @@ def test_trend_direction_needs_significance_and_size():
 NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?"
 TREND = re.compile(rf"(?P<name>entropy|reward) (?P<word>rising|falling fast|falling|no trend beyond noise|flat) "
                    rf"\((?P<start>{NUM}) -> (?P<end>{NUM}) over the last (?P<n>\d+) batches, (?P<slope>{NUM})/batch, "
-                   rf"p=(?P<p>{NUM})(?:; window mean (?P<now>{NUM}), initial (?P<initial>{NUM}))?\)$")
+                   rf"p=(?P<p>{NUM})(?:; window mean (?P<before>{NUM}) -> (?P<now>{NUM}), initial (?P<initial>{NUM}))?\)$")
 COLLAPSED = re.compile(rf"entropy collapsed to (?P<now>{NUM}) \(mean of the last \d+ batches"
                        rf"(?:; initial (?P<initial>{NUM})|, below (?P<floor>{NUM}))\)$")
-SURGE = re.compile(rf"(clip ratio|KL) surging \(window mean (?P<before>{NUM}) -> (?P<now>{NUM})\)$")
+SURGE = re.compile(rf"(clip ratio|KL) (surging|rising) \(window mean (?P<before>{NUM}) -> (?P<now>{NUM})"
+                   rf"(?:; the reward up from (?P<first>{NUM}) to (?P<last>{NUM}) over the first and last \d+ batches: "
+                   rf"learning)?\)$")
 HIGH = re.compile(rf"clip ratio persistently high \(median (?P<median>{NUM}) > (?P<high>{NUM}) "
                   rf"over the last \d+ batches\)$")
 STABLE = re.compile(r"(clip ratio|KL|clip ratio and KL) stable$")
@@ -153,6 +155,7 @@ def assert_words_agree_with_numbers(reason: str) -> None:
                 assert p >= ALPHA, clause
             if m["initial"] is not None:
                 assert word == "falling fast" and float(m["now"]) < float(m["initial"]) and end < float(m["initial"])
+                assert float(m["before"]) - float(m["now"]) > 0.15 * float(m["initial"]), clause   # the level's drop
         elif m := COLLAPSED.match(clause):
             limit = float(m["initial"]) if m["initial"] is not None else float(m["floor"])
             assert float(m["now"]) < limit, clause
@@ -162,6 +165,8 @@ def assert_words_agree_with_numbers(reason: str) -> None:
             assert (last > first and se >= 4.0) if up else (last < first and se <= -4.0), clause
         elif m := SURGE.match(clause):
             assert float(m["now"]) > float(m["before"]), clause
+            assert (m[2] == "rising") == (m["first"] is not None), clause   # rising: excused by learning
+            assert m["first"] is None or float(m["last"]) > float(m["first"]), clause
         elif m := HIGH.match(clause):
             assert float(m["median"]) > float(m["high"]), clause
         else:
@@ -324,8 +329,32 @@ def test_a_surge_needs_a_rise_beyond_noise():
     rise = np.r_[np.zeros(DEMO_WINDOW), np.linspace(0.002, 0.02, DEMO_WINDOW)]
     verdict, reason = assess_health({CLIP: rise, KL: 1e-3 + rise}, window=DEMO_WINDOW)
     assert verdict == "watch"
+    # the KL's first window is its ramp from 0 at the first batch: no baseline for a surge
+    assert reason == "clip ratio surging (window mean 0 -> 0.011)"
+    assert_words_agree_with_numbers(reason)
+    late = np.r_[np.zeros(DEMO_WINDOW), rise]      # the same rise between the 2nd and 3rd windows
+    verdict, reason = assess_health({CLIP: late, KL: 1e-3 + late}, window=DEMO_WINDOW)
+    assert verdict == "watch"
     assert reason == "clip ratio surging (window mean 0 -> 0.011); KL surging (window mean 0.001 -> 0.012)"
     assert_words_agree_with_numbers(reason)
+
+
+def test_a_surge_with_the_reward_rising_is_learning_not_a_sign():
+    """App. D: a rising clip ratio (and KL) accompanied by an increasing reward is a policy learning
+    effectively. The demo's seed 7 (runs/bands/ref_demo/s7): KL window means 0.014 -> 0.049 over its
+    last 20 batches, the reward 0.459 -> 0.574 from its first to its last 10 batches, held-out
+    accuracy up: healthy, the rise said. The same KL with a flat reward reads watch."""
+    rng = np.random.default_rng(0)
+    late = np.r_[np.zeros(2 * DEMO_WINDOW), np.linspace(0.002, 0.02, DEMO_WINDOW)]
+    up = np.r_[np.full(DEMO_WINDOW, 0.45), np.full(2 * DEMO_WINDOW, 0.55)] + rng.normal(0, 0.02, 3 * DEMO_WINDOW)
+    verdict, reason = assess_health({REWARD: up, CLIP: late, KL: 1e-3 + late}, window=DEMO_WINDOW)
+    assert verdict == "healthy", reason
+    assert "clip ratio rising (window mean 0 -> 0.011; the reward up from" in reason, reason
+    assert "KL rising (window mean 0.001 -> 0.012; the reward up from" in reason and "stable" not in reason, reason
+    assert_words_agree_with_numbers(reason)
+    flat = np.full(3 * DEMO_WINDOW, 0.5) + rng.normal(0, 0.02, 3 * DEMO_WINDOW)
+    verdict, reason = assess_health({REWARD: flat, CLIP: late, KL: 1e-3 + late}, window=DEMO_WINDOW)
+    assert verdict == "watch" and "KL surging" in reason and "clip ratio surging" in reason, reason
 
 
 def _history(steps=200, entropy=None, reward=None, clip=None, seed=0):
@@ -376,3 +405,49 @@ def test_health_callback_logs_status_and_writes_json(tmp_path):
 def test_health_monitor_needs_its_sources_before_it(tmp_path, callbacks):
     with pytest.raises(ValueError, match="before it in trainer.callbacks"):
         fit(tmp_path, callbacks)
+
+
+# --------------------------------------------------------------------------- correlated noise
+def _ar1(rng, n: int, rho: float) -> np.ndarray:
+    e, x = rng.standard_normal(n + 50), np.zeros(n + 50)
+    for t in range(1, n + 50):
+        x[t] = rho * x[t - 1] + e[t]
+    return x[50:]
+
+
+def test_mann_kendall_allowing_for_known_correlation_keeps_its_level():
+    """AR(1) noise at rho 0.5, 10 values: the plain test rejects ~17 % (level 5 %); with the variance
+    factor of the true rho it is back near its level. 2,000 series: binomial SE ~0.5 points."""
+    from aspo_lit.trend import ar1_variance_factor
+
+    rng = np.random.default_rng(0)
+    series = [_ar1(rng, 10, 0.5) for _ in range(2000)]
+    plain = np.mean([mann_kendall(y)[2] < ALPHA for y in series])
+    corrected = np.mean([mann_kendall(y, 0.5)[2] < ALPHA for y in series])
+    assert plain > 0.13 and corrected <= 0.065, (plain, corrected)
+    assert ar1_variance_factor(10, 0.0) == 1.0 and ar1_variance_factor(10, 0.5) == pytest.approx(
+        1 + 2 * sum((1 - k / 10) * 0.5 ** k for k in range(1, 10)))
+    y = np.random.default_rng(1).normal(size=12)
+    assert mann_kendall(y, 0.3)[1] == pytest.approx(mann_kendall(y)[1] * ar1_variance_factor(12, 0.3))
+
+
+def test_lag1_autocorrelation_from_a_history_halves_the_excess_and_spares_independent_noise():
+    """The estimate from a 40-batch history (local differences, gated): independent noise keeps the exact
+    test (the gate opens on <= 8 % of series, the level stays <= 5.5 %); at rho 0.3 and 0.5 the level falls
+    well below the plain test's; a trend that bends (flat, then a ramp) is no correlation."""
+    from aspo_lit.trend import lag1_autocorrelation
+
+    rng = np.random.default_rng(2)
+    for rho, most in ((0.0, 0.055), (0.3, 0.11), (0.5, 0.16)):
+        series = [_ar1(rng, 40, rho) for _ in range(1500)]
+        estimates = [lag1_autocorrelation(y) for y in series]
+        plain = np.mean([mann_kendall(y[-10:])[2] < ALPHA for y in series])
+        corrected = np.mean([mann_kendall(y[-10:], r)[2] < ALPHA for y, r in zip(series, estimates)])
+        assert corrected <= most, (rho, plain, corrected)
+        if rho == 0.0:
+            assert np.mean(np.asarray(estimates) > 0) <= 0.08
+        else:
+            assert corrected < plain - 0.015, (rho, plain, corrected)
+    t = np.arange(40)
+    bent = [np.interp(t, [0, 19, 39], [0.07, 0.07, 0.12]) + rng.normal(0, 0.002, 40) for _ in range(300)]
+    assert np.mean([lag1_autocorrelation(y) > 0 for y in bent]) <= 0.10

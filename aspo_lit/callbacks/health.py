@@ -23,15 +23,27 @@ when the test rejects "no trend" and the line moves that way, else ``flat`` (``n
 when the test does not reject: the line's start and end may then differ by noise).
 
 * "Falling fast" = entropy falling, its line losing more than ``fast_entropy_drop`` of the initial
-  entropy (the first window's mean) across the window, and both the line's end and the window's
-  mean below that initial level: collapsing toward zero, not settling back from a rise (nor judged
-  on the first window alone, whose mean is the initial level).
+  entropy (the first window's mean) across the window, the level too: the last window's mean below
+  the previous window's (the first window's while they overlap) by more than half that (a linear
+  fall of D across a window lowers its mean by D/2), and both the line's end and the window's mean
+  below the initial level: collapsing toward zero, not settling back from a rise (nor judged on the
+  first window alone, whose mean is the initial level). The level's drop is what noise does not fake:
+  the demo's Theil-Sen line over 10 batches moves 17 % of the level on noise alone, a mean of 10
+  batches a third of that.
 * The reward is ``rising`` / ``falling`` only when, besides, its line moves by more than
   ``min_reward_gain``; ``flat`` covers no trend within the noise and a plateau. "Not rising" (flat
   or falling) is App. D's stagnating reward: no warning alone (healthy runs plateau), only with a
   collapsing entropy.
 * "Surging" = the last window's mean exceeds ``surge`` × the previous window's (or the first
   window's) mean, and the series over those two windows rises beyond its noise (the same test).
+  The KL to the reference is 0 at the first batch by construction and ramps up as training starts,
+  so its first window is no baseline: a KL surge is judged from the third window on. A surge of the
+  KL or the clip ratio while the reward rose (its last window's mean above its first window's by
+  more than 2 SE and ``min_reward_gain``) is App. D's "policy learning effectively", not a sign.
+
+Each trend test allows for the series' batch-to-batch correlation, estimated from its whole history
+(:func:`aspo_lit.trend.lag1_autocorrelation`): without it, correlated noise reads as a trend far
+more often than ``alpha``.
 
 Every number in a reason agrees with its words: a trend is written as its line's start -> end over
 the window, its slope per batch and its p-value, e.g. ``reward rising (0.42 -> 0.61 over the last
@@ -52,7 +64,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from aspo_lit.callbacks.base import Diagnostic, resolve_log_dir
 from aspo_lit.callbacks.entropy import EntropyMonitor
 from aspo_lit.callbacks.training_stats import TrainingStats
-from aspo_lit.trend import Trend, trend
+from aspo_lit.trend import Trend, lag1_autocorrelation, trend
 
 ENTROPY, REWARD, CLIP, KL = "train/entropy", "train/reward_mean", "clip/pos_high", "train/kl"
 STATUS = {"healthy": 0, "watch": 1, "collapsed": 2}
@@ -60,6 +72,9 @@ STATUS = {"healthy": 0, "watch": 1, "collapsed": 2}
 # of 10 batches (Student t, ~18 degrees of freedom) a one-sided 0.04 % per check on noise, and on the demo's
 # measured noise 6 more of 2,000 flat 40-batch runs read watch at some check (tests/test_health.py).
 SHIFT_SE = 4.0
+# The reward rose (App. D's "policy learning effectively", which excuses a rising KL or clip ratio) when
+# its last window's mean is above its first's by more than 2 SE of the difference: a one-sided ~3 % test.
+LEARNING_SE = 2.0
 
 
 def _finite(values: Sequence[float] | None) -> np.ndarray:
@@ -74,7 +89,7 @@ def _surge(y: np.ndarray, window: int, factor: float, floor: float,
     now = float(y[-window:].mean())
     prev = y[-2 * window:-window] if y.size >= 2 * window else y[:window]
     before = float(prev.mean())
-    rising = trend(y[-2 * window:]).direction(alpha) == "rising"
+    rising = trend(y[-2 * window:], lag1_autocorrelation(y)).direction(alpha) == "rising"
     return now > factor * max(before, floor) and rising, now, before
 
 
@@ -97,7 +112,13 @@ def trend_text(name: str, word: str, line: Trend, alpha: float, extra: str = "")
     ``flat`` whose test does not reject reads ``no trend beyond noise`` (its line may still move)."""
     word = "no trend beyond noise" if word == "flat" and line.p >= alpha else word
     return (f"{name} {word} ({line.start:.3g} -> {line.end:.3g} over the last {line.n} batches, "
-            f"{line.slope:+.2e}/batch, p={line.p:.2g}{'; ' + extra if extra else ''})")
+            f"{line.slope:+.2e}/batch, p={_p_text(line.p, alpha)}{'; ' + extra if extra else ''})")
+
+
+def _p_text(p: float, alpha: float) -> str:
+    """``p`` to 2 significant digits, or 3 where 2 would round it up to ``alpha`` (0.0497 -> 0.0497, not 0.05)."""
+    text = f"{p:.2g}"
+    return f"{p:.3g}" if p < alpha <= float(text) else text
 
 
 def assess_health(history: Mapping[str, Sequence[float]], *, window: int = 20,
@@ -126,12 +147,13 @@ def assess_health(history: Mapping[str, Sequence[float]], *, window: int = 20,
     entropy_collapsed = entropy_fast = False
     if entropy.size >= window:
         initial, now = float(entropy[:window].mean()), float(entropy[-window:].mean())
-        line = trend(entropy[-window:])
+        line = trend(entropy[-window:], lag1_autocorrelation(entropy))
         word = line.direction(alpha)
         collapse_level = (1.0 - max_entropy_drop) * initial
         entropy_collapsed = now < min_entropy or now < collapse_level
+        before = float(entropy[-2 * window:-window].mean()) if entropy.size >= 2 * window else initial
         entropy_fast = (word == "falling" and -line.change > fast_entropy_drop * initial
-                        and max(now, line.end) < initial)
+                        and before - now > fast_entropy_drop * initial / 2 and max(now, line.end) < initial)
         if now < collapse_level:
             signs["entropy"] = (f"entropy collapsed to {now:.3g} (mean of the last {window} batches; "
                                 f"initial {initial:.3g})")
@@ -140,7 +162,7 @@ def assess_health(history: Mapping[str, Sequence[float]], *, window: int = 20,
                                 f"below {min_entropy:g})")
         elif entropy_fast:
             signs["entropy"] = trend_text("entropy", "falling fast", line, alpha,
-                                          f"window mean {now:.3g}, initial {initial:.3g}")
+                                          f"window mean {before:.3g} -> {now:.3g}, initial {initial:.3g}")
         else:
             notes.append(trend_text("entropy", word, line, alpha))
         if entropy.size >= 2 * window:
@@ -148,17 +170,21 @@ def assess_health(history: Mapping[str, Sequence[float]], *, window: int = 20,
             if last > first + SHIFT_SE * se and last > (1.0 + max_entropy_rise) * first:
                 signs["entropy"] = (f"entropy rose from {first:.3g} to {last:.3g} (first and last {window} "
                                     f"batches, +{_in_se(last - first, se):.1f} SE)")
-    reward_rising = False
+    reward_rising = reward_rose = False
     if reward.size >= window:
-        line = trend(reward[-window:])
+        line = trend(reward[-window:], lag1_autocorrelation(reward))
         word = line.direction(alpha, min_change=min_reward_gain)
         reward_rising = word == "rising"
         notes.append(trend_text("reward", word, line, alpha))
     if reward.size >= 2 * window:
         first, last, se = level_shift(reward, window)
+        reward_rose = last > first + max(min_reward_gain, LEARNING_SE * se)
         if last < first - max(min_reward_gain, SHIFT_SE * se):
             signs["reward"] = (f"reward fell from {first:.3g} to {last:.3g} (first and last {window} batches, "
                                f"{_in_se(last - first, se):.1f} SE)")
+    learning = (f"; the reward up from {first:.3g} to {last:.3g} over the first and last {window} batches: learning"
+                if reward_rose else "")
+    rising: list[str] = []   # the series whose rise the reward excuses: not "stable"
     clip_persistent = False
     if clip.size >= window:
         median = float(np.median(clip[-window:]))
@@ -167,11 +193,17 @@ def assess_health(history: Mapping[str, Sequence[float]], *, window: int = 20,
         if clip_persistent:
             signs["clip"] = (f"clip ratio persistently high (median {median:.3g} > {clip_high:g} "
                              f"over the last {window} batches)")
+        elif clip_surging and reward_rose:
+            notes.append(f"clip ratio rising (window mean {before:.3g} -> {now:.3g}{learning})")
+            rising.append("clip ratio")
         elif clip_surging:
             signs["clip"] = f"clip ratio surging (window mean {before:.3g} -> {now:.3g})"
-    if kl.size >= window:
+    if kl.size >= 3 * window:   # the first window is the ramp from 0 (module docstring)
         kl_surging, now, before = _surge(kl, window, surge, kl_floor, alpha)
-        if kl_surging:
+        if kl_surging and reward_rose:
+            notes.append(f"KL rising (window mean {before:.3g} -> {now:.3g}{learning})")
+            rising.append("KL")
+        elif kl_surging:
             signs["kl"] = f"KL surging (window mean {before:.3g} -> {now:.3g})"
 
     collapsed = (entropy_collapsed and (not reward_rising or clip_persistent)) or (
@@ -181,7 +213,7 @@ def assess_health(history: Mapping[str, Sequence[float]], *, window: int = 20,
         return "collapsed", "; ".join(parts)
     if signs:
         return "watch", "; ".join(parts)
-    stable = [name for name, y in (("clip ratio", clip), ("KL", kl)) if y.size >= window]
+    stable = [name for name, y in (("clip ratio", clip), ("KL", kl)) if y.size >= window and name not in rising]
     return "healthy", "; ".join([*parts, *([" and ".join(stable) + " stable"] if stable else [])])
 
 
