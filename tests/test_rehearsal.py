@@ -138,6 +138,75 @@ def test_real_shape_rehearsal_trains_the_real_shape_on_vllm(testbed, tmp_path):
                                     "num_attention_heads", "num_key_value_heads", "vocab_size", "tie_word_embeddings")}
     assert shape == {"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576, "intermediate_size": 1536,
                      "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True}
+    # a pretrained checkpoint's magnitudes, not a fresh initialisation's (norms of 1, embeddings of 0.02)
+    from safetensors import safe_open
+
+    folder = Path(resolve_model_path(rehearsed["model.model_name_or_path"]))
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        norms = torch.cat([f.get_tensor(k).float() for k in f.keys() if k.endswith("norm.weight")])
+        embedding = f.get_tensor("model.embed_tokens.weight").float()
+    assert 0.5 <= norms.min() and norms.max() <= 8.0 * 1.01 and norms.mean() > 2.0 and (norms > 4.0).float().mean() > 0.2
+    assert abs(float(embedding.std()) - 0.05) < 0.002
     assert rehearsed["data.init_args.engine.class_path"] == "aspo_lit.rollout.VLLMEngine"
     assert rehearsed["data.init_args.reward.class_path"] == "aspo_lit.rewards.plumbing.LengthReward"
     assert rehearsed["data.init_args.max_response_length"] == 96 and rehearsed["model.loss"] == "aspo"
+
+
+def _one_adamw_step(lr: float, frozen: bool = False):
+    """A norm-like weight of several units and an embedding-scale matrix, one AdamW step at ``lr``
+    (``frozen``: the matrix has a gradient but is not in the optimizer); what the probe reads."""
+    from tests.rehearsal.probe import adamw_update
+
+    torch.manual_seed(0)
+    params = {"norm": torch.nn.Parameter(torch.empty(64).uniform_(2.0, 6.0)),
+              "matrix": torch.nn.Parameter(torch.randn(32, 64) * 0.02)}
+    optimizer = torch.optim.AdamW([params["norm"]] if frozen else list(params.values()), lr=lr, weight_decay=0.1)
+    before = {n: p.detach().clone() for n, p in params.items()}
+    (params["matrix"] @ params["norm"]).square().sum().backward()
+    optimizer.step()
+    group = optimizer.param_groups[0]
+    for n, p in params.items():
+        state = optimizer.state.get(p)
+        delta = None if not state else adamw_update(before[n], state["exp_avg"], state["exp_avg_sq"],
+                                                    float(state["step"]), group["lr"], group["betas"], group["eps"],
+                                                    group["weight_decay"])
+        yield n, before[n], p.detach().clone(), delta
+
+
+def test_weights_move_asks_only_representable_updates_to_move():
+    """At a warm-up lr of 1e-7 a norm weight of several units cannot move (its ulp is 2.4e-7 to
+    4.8e-7): the old rule (>= 99 % of the entries with a gradient changed) failed a real checkpoint
+    there; the derived rule asks every entry whose update exceeds 2 ulp to move, and each did."""
+    from tests.rehearsal.probe import representable_moves
+
+    steps = list(_one_adamw_step(lr=1e-7))
+    moved = sum(int((after != before).sum()) for _, before, after, _ in steps)
+    assert moved / sum(before.numel() for _, before, _, _ in steps) < 0.99    # the fixed fraction fails here
+    check = representable_moves(iter(steps))
+    assert check["ok"], check
+    assert check["below_resolution_entries"] >= 64 and check["representable_entries"] == 32 * 64
+
+
+def test_weights_move_fails_an_update_that_did_not_land_or_a_parameter_not_stepped():
+    from tests.rehearsal.probe import representable_moves
+
+    steps = list(_one_adamw_step(lr=1e-3))
+    name, before, after, delta = steps[1]
+    undone = after.clone()
+    undone[0, :3] = before[0, :3]       # three entries whose update never reached the weight
+    check = representable_moves(iter([steps[0], (name, before, undone, delta)]))
+    assert not check["ok"] and check["unchanged_by_tensor"] == {"matrix": 3}
+    check = representable_moves(_one_adamw_step(lr=1e-3, frozen=True))
+    assert not check["ok"] and check["without_optimizer_state"] == ["matrix"]
+    assert not representable_moves(_one_adamw_step(lr=1e-12))["ok"]   # nothing representable: nothing checked
+
+
+def test_bf16_replay_is_held_to_the_noise_it_measured():
+    from tests.rehearsal.run import BF16_NOISE_FACTOR, compare_weights
+
+    w0 = {"w": torch.zeros(1000)}
+    single = {"w": torch.ones(1000)}
+    close = {"w": torch.ones(1000) * 1.05}      # 5 % off the replay's update
+    assert compare_weights([w0, close], [w0, single], bf16=True, noise=0.05 / BF16_NOISE_FACTOR * 1.01)["ok"]
+    assert not compare_weights([w0, close], [w0, single], bf16=True, noise=0.05 / BF16_NOISE_FACTOR * 0.99)["ok"]
+    assert not compare_weights([w0, close], [w0, single], bf16=True, noise=None)["ok"]   # nothing to hold it to

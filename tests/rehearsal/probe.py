@@ -7,9 +7,9 @@ to `out_dir`:
 * `weights/{i:03d}.pt` (rank 0): the gathered full weights before optimizer step i+1, and after the
   last step as the final file, so a replay can be compared step by step;
 * `probe_rank{r}.json`: the lr of every rollout batch, per optimizer step the largest difference
-  between the ranks' gathered weights, after the first rollout batch with a gradient (a batch whose
-  groups are all solved by all or none of their samples has none) which parameter tensors changed
-  and how many of the entries with a non-zero gradient changed, the peak host RSS of the
+  between the ranks' gathered weights, after the first optimizer step with a gradient (a batch whose
+  groups are all solved by all or none of their samples has none) whether every entry whose AdamW
+  update is representable in its weight's dtype changed (:func:`representable_moves`), the peak host RSS of the
   process (after the models are built, and at the end) and per phase of the run
   (:class:`PhaseRSS`: setup; attach = the engine's start at the first rollout; push; generate;
   rollout = the rest of making a rollout batch (rewards, packing); logprobs = old and reference log-probs, until the
@@ -31,6 +31,7 @@ import os
 import resource
 import signal
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -38,6 +39,56 @@ import torch.distributed as dist
 from lightning.pytorch import Callback
 
 from aspo_lit.models import full_tensor, named_full_tensors
+
+
+def ulp(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of ``x``'s dtype just above ``|x|`` (float64): one unit in the last place."""
+    a = x.detach().abs()
+    return (torch.nextafter(a, torch.full_like(a, float("inf"))) - a).double()
+
+
+def adamw_update(before: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, step: float, lr: float,
+                 betas: tuple[float, float], eps: float, weight_decay: float) -> torch.Tensor:
+    """The change torch's AdamW made to ``before`` in its step number ``step`` (float64, exact maths):
+    decoupled decay ``-lr·wd·w``, then ``-lr/(1-β1^t) · m / (sqrt(v)/sqrt(1-β2^t) + eps)`` from the
+    moments after the step."""
+    beta1, beta2 = betas
+    bias1, bias2 = 1 - beta1 ** step, 1 - beta2 ** step
+    w, m, v = before.double(), exp_avg.double(), exp_avg_sq.double()
+    return -lr * weight_decay * w - (lr / bias1) * m / (v.sqrt() / bias2 ** 0.5 + eps)
+
+
+def representable_moves(tensors: Iterable[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]]) -> dict:
+    """Did every entry whose update its dtype can represent change? ``tensors``: per parameter its
+    name, its weights before and after the step, and the step's update (:func:`adamw_update`; None
+    when the optimizer holds no state for it), one at a time (a real-shaped model's float64 updates
+    are never all in memory).
+
+    An update ``Δ`` reaches a stored weight ``w`` through two roundings (the decay, then the step),
+    each off by at most half an ulp of ``w``, so the weight must change when ``|Δ| > 2·ulp(w)``;
+    below that the step may vanish in rounding, as it does for a norm weight of several units at a
+    warm-up lr of 1e-7 (ulp(4.0) = 4.8e-7 in fp32). Every entry above the resolution must have
+    changed, every parameter must have optimizer state (else the optimizer never stepped it), and
+    some entry must be above it (else nothing was checked)."""
+    must = moved = below = below_moved = 0
+    stuck: dict[str, int] = {}
+    stateless: list[str] = []
+    for name, before, after, delta in tensors:
+        if delta is None:
+            stateless.append(name)
+            continue
+        changed = after != before
+        needed = delta.abs() > 2 * ulp(before)
+        must += int(needed.sum())
+        moved += int((needed & changed).sum())
+        below += int((~needed).sum())
+        below_moved += int((~needed & changed).sum())
+        if (needed & ~changed).any():
+            stuck[name] = int((needed & ~changed).sum())
+    return {"ok": must > 0 and moved == must and not stateless, "representable_entries": must,
+            "representable_changed": moved, "below_resolution_entries": below,
+            "below_resolution_changed": below_moved, "unchanged_by_tensor": stuck, "without_optimizer_state": stateless,
+            "rule": "every entry whose AdamW update exceeds 2 ulp of its weight changed"}
 
 
 class PhaseRSS:
@@ -88,8 +139,7 @@ class RehearsalProbe(Callback):
         self.cross_rank_max_diff: list[float] = []
         self._snap = 0
         self._batch = -1
-        self._before: dict[str, torch.Tensor] | None = None
-        self._nonzero: dict[str, torch.Tensor] = {}
+        self._pending: dict | None = None   # the first optimizer step with a gradient: weights before it
         self.first_batch: dict | None = None
         self.zero_gradient_batches = 0
         self.engine_checks: list[dict] = []
@@ -199,9 +249,6 @@ class RehearsalProbe(Callback):
             folder.mkdir(parents=True, exist_ok=True)
             fields = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in vars(batch).items()}
             torch.save(fields, folder / f"step{trainer.global_step:06d}_rank{trainer.global_rank}.pt")
-        if self.first_batch is None:   # until a batch with gradients: the weights it starts from
-            self._before = {n: full_tensor(p).clone() for n, p in pl_module.policy.named_parameters()}
-            self._nonzero = {}
         self._check_engine(trainer, pl_module)
         if self.sigterm_at_batch is not None and batch_idx == self.sigterm_at_batch and trainer.is_global_zero:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -213,37 +260,48 @@ class RehearsalProbe(Callback):
 
     def _on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self._snapshot(trainer, pl_module)
-        if self.first_batch is None:
-            for n, p in pl_module.policy.named_parameters():
-                if p.grad is not None:
-                    # AdamW moves an entry by ~lr * g / (|g| + eps): entries with |g| << eps move far
-                    # less than lr by design, so only |g| >= eps counts as "received a gradient"
-                    nz = full_tensor(p.grad).abs() >= optimizer.param_groups[0].get("eps", 1e-8)
-                    self._nonzero[n] = self._nonzero[n] | nz if n in self._nonzero else nz
+        if self.first_batch is not None:
+            return
+        if self._pending is not None:   # the step before this one was the first with a gradient
+            self._check_first_step(pl_module)
+            return
+        # every rank gathers every gradient (no short cut: the gathers are collectives)
+        nonzero = [bool(full_tensor(p.grad).ne(0).any()) for p in pl_module.policy.parameters() if p.grad is not None]
+        if any(nonzero):
+            params = list(pl_module.policy.named_parameters())
+            self._pending = {"before": {n: full_tensor(p).detach().clone() for n, p in params},
+                             "stepped": {n for n, p in params if p.grad is not None},
+                             "optimizer": getattr(optimizer, "optimizer", optimizer), "batch": self._batch}
+
+    def _check_first_step(self, pl_module) -> None:
+        """`representable_moves` of the first step with a gradient, from the weights before it, the
+        weights now and the optimizer's state after it (one tensor at a time)."""
+        pending, self._pending = self._pending, None
+        optimizer = pending["optimizer"]
+        groups = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+
+        def tensors():   # the parameters that had a gradient (AdamW steps no other)
+            for name, p in pl_module.policy.named_parameters():
+                if name not in pending["stepped"]:
+                    continue
+                before, state, group = pending["before"].pop(name), optimizer.state.get(p), groups.get(id(p))
+                delta = None if not state or group is None else adamw_update(
+                    before, full_tensor(state["exp_avg"]), full_tensor(state["exp_avg_sq"]), float(state["step"]),
+                    group["lr"], tuple(group["betas"]), group["eps"], group["weight_decay"])
+                yield name, before, full_tensor(p).detach(), delta
+
+        self.first_batch = {**representable_moves(tensors()), "batch": pending["batch"],
+                            "without_gradient": sorted(set(pending["before"]) - pending["stepped"]),
+                            "zero_gradient_batches_before": self.zero_gradient_batches}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.phases.enter("probe")
-        self._on_train_batch_end(trainer, pl_module, batch_idx)
+        if self.first_batch is None:
+            if self._pending is not None:   # a batch of one optimizer step
+                self._check_first_step(pl_module)
+            else:                           # every group solved by all or none of its samples: no gradient
+                self.zero_gradient_batches += 1
         self.phases.enter("rollout")
-
-    def _on_train_batch_end(self, trainer, pl_module, batch_idx) -> None:
-        if self.first_batch is not None:
-            return
-        changed_tensors, n_params = 0, 0
-        counts = torch.zeros(2, dtype=torch.float64)  # entries with a non-zero grad, of those changed
-        for n, p in pl_module.policy.named_parameters():
-            delta = full_tensor(p) != self._before[n]
-            n_params += 1
-            changed_tensors += int(bool(delta.any()))
-            nz = self._nonzero.get(n)
-            if nz is not None:
-                counts += torch.tensor([float(nz.sum()), float((nz & delta).sum())], dtype=torch.float64)
-        if counts[0] == 0:   # every group solved by all or none of its samples: no gradient to follow
-            self.zero_gradient_batches += 1
-            return
-        self.first_batch = {"param_tensors": n_params, "param_tensors_changed": changed_tensors,
-                            "nonzero_grad_entries": float(counts[0]), "nonzero_grad_entries_changed": float(counts[1]),
-                            "batch": batch_idx, "zero_gradient_batches_before": self.zero_gradient_batches}
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.phases.enter("probe")

@@ -16,15 +16,20 @@ tiny random Qwen3-MoE of `tests/rehearsal/standins.py`, a length reward, rollout
 1. diffs the effective configs (`--print_config`) of the shipped file and shipped + overlay: only
    overlay keys may differ (the diff is printed and saved);
 2. runs `fit` on 2 processes with `RehearsalProbe`, and checks: after every optimizer step the
-   gathered full weights are identical on both ranks; after the first rollout batch with a
-   gradient (one whose groups all have equal rewards has none) every parameter tensor changed and >= 99 % of the entries that received a non-zero gradient
-   changed (at the config's own lr; "non-zero" = |g| >= AdamW eps); the lr of every rollout batch follows the warm-up counted in
-   rollout batches;
+   gathered full weights are identical on both ranks; after the first optimizer step with a
+   gradient (a rollout batch whose groups all have equal rewards has none) every entry whose AdamW
+   update (at the config's own lr, from the optimizer's state) exceeds 2 ulp of its weight changed,
+   every parameter with a gradient has optimizer state (`probe.representable_moves`: a norm weight
+   of several units cannot move by a warm-up lr of 1e-7 in fp32, and is not asked to); the lr of
+   every rollout batch follows the warm-up counted in rollout batches;
 3. replays the recorded global batches in 1 process and compares the weights after every
-   optimizer step: within 1e-6 in fp32; with a bf16 compute policy, the weight updates must agree
-   to 10 % of their size (bf16 keeps 8 mantissa bits, ~0.4 % per product, and the first AdamW
-   steps normalise every gradient entry to about ±lr, so entries with tiny gradients can flip;
-   a batch of other data gives about 100 %);
+   optimizer step: within 1e-6 in fp32. With a bf16 compute policy the bound is measured in the
+   same rehearsal: a second 1-process replay that differs only in the order of its sums (one row
+   per forward/backward instead of the config's micro-batches) gives the relative difference that
+   rounding alone makes between two correct runs, and the 2-process run must be within
+   `BF16_NOISE_FACTOR` times that of the first replay (bf16 keeps 8 mantissa bits, and AdamW's
+   first steps normalise every gradient entry to about ±lr, so rounding flips the tiny ones: how
+   much depends on the model's weights, ~8 % on random stand-ins, ~24 % on a real checkpoint);
 4. sends SIGTERM to rank 0 in the middle of the run, resumes with `--ckpt_path last` (sharded
    checkpoint) and checks the metrics equal the uninterrupted run's. With vLLM the
    engine runs as on a GPU node: colocated, one in-process engine per rank, sleep mode on, the
@@ -237,9 +242,19 @@ def _weights(folder: Path) -> list[Path]:
     return sorted((folder / "weights").glob("*.pt"))
 
 
-def compare_weights(multi: list[dict | Path], single: list[dict | Path], bf16: bool) -> dict:
+#: the 2-process run against the 1-process replay, in units of the rounding noise measured between two
+#: 1-process replays (bf16): the two differences are of one kind (the order of float sums), so of the
+#: same size up to the spread of a norm over thousands of entries; 3 leaves room for that spread
+#: and for the extra reductions of two ranks (measured on CPU: see docs/verification.md)
+BF16_NOISE_FACTOR = 3.0
+
+
+def compare_weights(multi: list[dict | Path], single: list[dict | Path], bf16: bool, noise: float | None = None) -> dict:
     """Snapshots (state dicts, or their files: loaded a pair at a time, memory-mapped, so a
-    real-shaped model's 13 x 2 snapshots are never all in memory)."""
+    real-shaped model's 13 x 2 snapshots are never all in memory). fp32: every weight within 1e-6.
+    bf16: the relative update difference within ``BF16_NOISE_FACTOR`` × ``noise`` (the same measure
+    between two 1-process replays that differ only in the order of their sums); without a noise
+    measurement the check fails (nothing to hold it to)."""
     if len(multi) != len(single):
         return {"ok": False, "why": f"{len(multi)} vs {len(single)} weight snapshots"}
 
@@ -255,9 +270,14 @@ def compare_weights(multi: list[dict | Path], single: list[dict | Path], bf16: b
             max_abs = max(max_abs, float((dm - ds).abs().max()))
             squares += torch.stack([(dm - ds).square().sum(), ds.square().sum()])
         max_rel_update = max(max_rel_update, float(squares[0].sqrt() / squares[1].sqrt().clamp_min(1e-30)))
-    ok = max_rel_update <= 0.10 if bf16 else max_abs <= 1e-6
-    return {"ok": ok, "max_abs_diff": max_abs, "max_relative_update_diff": max_rel_update,
-            "tolerance": "relative update diff <= 0.10 (bf16 compute)" if bf16 else "max |w| diff <= 1e-6 (fp32)"}
+    if not bf16:
+        return {"ok": max_abs <= 1e-6, "max_abs_diff": max_abs, "max_relative_update_diff": max_rel_update,
+                "tolerance": "max |w| diff <= 1e-6 (fp32)"}
+    bound = None if noise is None else BF16_NOISE_FACTOR * noise
+    return {"ok": bound is not None and max_rel_update <= bound, "max_abs_diff": max_abs,
+            "max_relative_update_diff": max_rel_update, "noise": noise, "bound": bound,
+            "tolerance": f"relative update diff <= {BF16_NOISE_FACTOR:g} x the diff between two 1-process replays "
+                         "that differ only in the order of their sums (bf16 compute)"}
 
 
 def run_overrides(name: str, overrides: list[str] = ()) -> tuple[list[str], list[str]]:
@@ -283,10 +303,6 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     verdict: dict = {"name": name, "config": configs, "overlay": overlays(configs, name), "engine": "vllm" if name in VLLM_CONFIGS else "hf"}
     checks: dict = {}
     verdict["fit_s"] = fit_s = {}   # each fit subprocess's wall seconds (docs/ci.md reads them)
-    if CODE_OVERLAY in files and name not in SAME_RUN_AS:
-        from aspo_lit.testbed.code import build_code_testbed
-
-        build_code_testbed()   # cached: the folder conf/rehearsal/code_cpu.yaml names
     checks["config_diff"], rehearsed = config_diff(name, configs, extra, out)
     for key, (old, new) in checks["config_diff"]["diff"].items():
         print(f"  [{name}] {key}: {old!r} -> {new!r}")
@@ -317,9 +333,7 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     if fb is None:
         checks["weights_move"] = {"ok": False, "why": "no rollout batch had a non-zero gradient"}
     else:
-        frac = fb["nonzero_grad_entries_changed"] / max(fb["nonzero_grad_entries"], 1.0)
-        checks["weights_move"] = {"ok": fb["param_tensors_changed"] == fb["param_tensors"] and frac >= 0.99,
-                                  **fb, "fraction_changed": frac}
+        checks["weights_move"] = fb
     warm = p0["warmup_steps"]
     expected = [p0["lr"] * (min(1.0, (k + 1) / warm) if warm > 0 else 1.0) for k in range(len(p0["lrs"]))]
     checks["warmup_in_rollout_batches"] = {
@@ -332,10 +346,18 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
               f"--data.rollout_dir={out / 'multi' / 'probe' / 'rollouts'}", "--data.world_size=2",
               f"--data.mini_batch_size={mini}"]
     proc = _fit(files, replay, out / "single", {"out_dir": out / "single" / "probe"}, out / "single.log", seconds=fit_s)
+    noise = None
+    if proc.returncode == 0 and bf16:   # the rounding noise between two correct 1-process runs
+        proc = _fit(files, replay + ["--model.micro_batch_size=1"], out / "single_reordered",
+                    {"out_dir": out / "single_reordered" / "probe"}, out / "single_reordered.log", seconds=fit_s)
+        if proc.returncode == 0:
+            noise = compare_weights(_weights(out / "single" / "probe"), _weights(out / "single_reordered" / "probe"),
+                                    bf16)["max_relative_update_diff"]
     if proc.returncode != 0:
-        checks["single_replay"] = {"ok": False, "why": f"replay failed (rc {proc.returncode}), see {out / 'single.log'}"}
+        checks["single_replay"] = {"ok": False, "why": f"replay failed (rc {proc.returncode}), see {out}"}
     else:
-        checks["single_replay"] = compare_weights(_weights(out / "multi" / "probe"), _weights(out / "single" / "probe"), bf16)
+        checks["single_replay"] = compare_weights(_weights(out / "multi" / "probe"), _weights(out / "single" / "probe"),
+                                                  bf16, noise)
 
     if name in RESUME_AS:
         checks["sigterm_resume"] = {**_same_config(rehearsed, RESUME_AS[name], extra, out, allowed=LOSS_ONLY_KEYS),

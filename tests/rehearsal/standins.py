@@ -11,7 +11,12 @@ the spec changes).
   colocated path depends on shapes only, and the testbed (0.65M parameters) hides what a real
   model costs per rank. A llama of a real 135M chat checkpoint's shape: 30 layers, hidden 576,
   intermediate 1536, 9 heads, 3 KV heads, head dim 64, vocabulary 49,152, tied embeddings, saved
-  in bf16 as such checkpoints are (the engine's dtype "auto" then runs bf16).
+  in bf16 as such checkpoints are (the engine's dtype "auto" then runs bf16), with the weight
+  magnitudes of a pretrained checkpoint rather than a fresh initialisation's (``magnitudes``): RMSNorm
+  weights of several units (log-uniform in [0.5, 8]; a fresh model's are all 1) and embeddings of
+  standard deviation 0.05 (a fresh one's: 0.02). What a rehearsal's bounds depend on: whether an AdamW
+  step of a warm-up lr is representable on such a weight (ulp(4.0) = 4.8e-7 in fp32), and how much
+  rounding moves a bf16 update.
 
 Random weights never solve a problem, so their rehearsals score a response by its length
 (``aspo_lit.rewards.plumbing.LengthReward``: lengths vary within every group, so every rollout
@@ -41,6 +46,7 @@ class StandIn:
     config_class: str
     fields: dict = field(default_factory=dict)   # the config's fields (vocabulary and special tokens: the testbed's unless given)
     dtype: str = "float32"                       # saved dtype, written as config.dtype ("auto" engines run it)
+    magnitudes: dict = field(default_factory=dict)   # {"norm": (low, high), "embedding_std": s}: a pretrained model's
 
 
 TINY_MOE = StandIn(
@@ -54,7 +60,7 @@ REAL_SHAPE = StandIn(
     dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
          num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True,
          max_position_embeddings=2048, rms_norm_eps=1e-5, initializer_range=0.02),
-    dtype="bfloat16")
+    dtype="bfloat16", magnitudes={"norm": (0.5, 8.0), "embedding_std": 0.05})
 
 
 def standin_dir(spec: StandIn, cache_dir: str | Path | None = None) -> Path:
@@ -66,8 +72,8 @@ def standin_dir(spec: StandIn, cache_dir: str | Path | None = None) -> Path:
 
 def _digest(spec: StandIn, testbed: Path) -> str:
     """Names the build: the spec, the seed and the tokenizer it was built with."""
-    payload = json.dumps({"spec": [spec.model_class, spec.fields, spec.dtype], "seed": SEED, "testbed": testbed.name},
-                         sort_keys=True)
+    payload = json.dumps({"spec": [spec.model_class, spec.fields, spec.dtype, spec.magnitudes], "seed": SEED,
+                          "testbed": testbed.name}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -82,7 +88,9 @@ def _build_into(out: Path, spec: StandIn, testbed: Path, digest: str) -> None:
     config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
     config.dtype = spec.dtype
     torch.manual_seed(SEED)
-    model = getattr(transformers, spec.model_class)(config).to(getattr(torch, spec.dtype))
+    model = getattr(transformers, spec.model_class)(config)
+    pretrained_magnitudes(model, **spec.magnitudes)
+    model = model.to(getattr(torch, spec.dtype))
     model.save_pretrained(out)
     for name in TOKENIZER_FILES:
         shutil.copy(testbed / name, out / name)
@@ -92,13 +100,31 @@ def _build_into(out: Path, spec: StandIn, testbed: Path, digest: str) -> None:
                                                  indent=2))
 
 
+def pretrained_magnitudes(model, norm: tuple[float, float] | None = None, embedding_std: float | None = None) -> None:
+    """Give a fresh model a pretrained checkpoint's weight magnitudes (module docstring): every RMSNorm
+    weight log-uniform in ``norm``, the input embedding (the head too, when tied) normal with
+    ``embedding_std``."""
+    import math
+
+    import torch
+
+    with torch.no_grad():
+        if norm is not None:
+            low, high = math.log(norm[0]), math.log(norm[1])
+            for module in model.modules():
+                if type(module).__name__.endswith("RMSNorm"):
+                    module.weight.copy_(torch.empty_like(module.weight).uniform_(low, high).exp())
+        if embedding_std is not None:
+            model.get_input_embeddings().weight.normal_(0.0, embedding_std)
+
+
 def build_standin(spec: StandIn, cache_dir: str | Path | None = None, force: bool = False) -> Path:
     """The stand-in's folder, built (seconds; atomically, as the testbeds) when missing or built
     from another spec. Loads with ``from_pretrained`` and ``vllm.LLM(model=...)``."""
-    from aspo_lit.testbed import build_testbed
     from aspo_lit.testbed.build import publish
+    from aspo_lit.testbed.shipped import shipped_dir
 
-    testbed = build_testbed(cache_dir=cache_dir, verbose=False)
+    testbed = shipped_dir("testbed")
     final, digest = standin_dir(spec, cache_dir), _digest(spec, testbed)
     meta = final / "testbed.json"
     if meta.is_file() and not force and json.loads(meta.read_text()).get("config_hash") == digest:
