@@ -213,6 +213,11 @@ class ASPOCLI(LightningCLI):
                 "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
                 "log_every_n_steps": 1,
                 "num_sanity_val_steps": 0,
+                # validation under no_grad, as every multi-rank CPU run has it (gloo): under inference
+                # mode (Lightning's default for FSDP2 on NCCL) an engine or FSDP2 buffer first made in a
+                # validation loop holds inference tensors, which the next training step's in-place
+                # update refuses
+                "inference_mode": False,
             },
             **kwargs,
         )

@@ -49,6 +49,22 @@ def prompts_per_rank(batch_size: int, world_size: int) -> int:
     return batch_size // world_size
 
 
+def refuse_staleness_on_gpus(max_staleness: int, accelerator: Any) -> None:
+    """``data.max_staleness >= 1`` generates in a spawned engine process per rank, on CPU only. On a
+    GPU node every rank's process would start vLLM on GPU 0 (its single-process executor takes the
+    device index from ``"cuda"``) and the weights would travel as full fp32 host copies through shared
+    memory (docs/gpu.md, "Bounded staleness on GPU nodes": separate generation GPUs and an NCCL
+    broadcast, not built). Refused there, never run silently."""
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    if max_staleness and accelerator is not None and not isinstance(accelerator, CPUAccelerator):
+        raise ValueError(
+            f"data.max_staleness={max_staleness} runs its engine processes on CPU only: on "
+            f"{type(accelerator).__name__} every rank's engine process would take GPU 0 and receive the weights "
+            "as full fp32 host copies. Set data.max_staleness: 0 (the synchronous loop, colocated engines) on "
+            "GPU nodes; docs/gpu.md, 'Bounded staleness on GPU nodes'")
+
+
 def check_group_size(group_size: int) -> None:
     """``data.group_size`` responses per prompt: at least 2, or a group-relative advantage (eq. 1) is 0."""
     check_positive_int("data.group_size", group_size)
@@ -153,6 +169,7 @@ class RLDataModule(LightningDataModule):
 
     def setup(self, stage: str) -> None:
         prompts_per_rank(self.hparams.batch_size, self.trainer.world_size)
+        refuse_staleness_on_gpus(self.hparams.max_staleness, self.trainer.accelerator)
 
     @property
     def policy_handle(self) -> PolicyHandle:
@@ -324,15 +341,15 @@ class RLDataModule(LightningDataModule):
 
     def _sync_weights(self, engine: RolloutEngine) -> float:
         """Push the policy's weights when the optimizer step changed since the last push, or when
-        the engine dropped them (a level-2 sleep); full tensors gathered from the shards."""
+        the engine dropped them (a level-2 sleep). The state dict's FSDP2 shards go to the engine as
+        they are: it casts each to its dtype before gathering it (`aspo_lit.rollout.base.iter_named_tensors`:
+        half the bytes of the fp32 master weights for a bf16 engine)."""
         if getattr(engine, "shares_policy", False):
             return 0.0
         if self._synced_step == self.trainer.global_step and not getattr(engine, "needs_weight_push", False):
             return 0.0
-        from aspo_lit.models import named_full_tensors
-
         start = time.perf_counter()
-        engine.update_weights(named_full_tensors(self.policy_handle.policy))
+        engine.update_weights(self.policy_handle.policy.state_dict())
         self._synced_step = self.trainer.global_step
         return time.perf_counter() - start
 
@@ -445,10 +462,8 @@ class RLDataModule(LightningDataModule):
         self._raise_if_any_failed(failure)   # before the push: it is a collective under FSDP2
         push_s = 0.0
         if self._pushed_version != version:
-            from aspo_lit.models import named_full_tensors
-
             start = time.perf_counter()
-            process.push(version, named_full_tensors(self.policy_handle.policy))
+            process.push(version, self.policy_handle.policy.state_dict())
             push_s, self._pushed_version = time.perf_counter() - start, version
         for ticket in range(counter, counter + hp.max_staleness + 1):
             if ticket not in self._in_flight:

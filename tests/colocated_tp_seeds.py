@@ -1,7 +1,8 @@
 """2 ranks under torch.distributed.run, one colocated VLLMEngine with tensor_parallel_size=2, each
 rank asking for a *different* sampling seed (as a caller that seeds per rank would): the TP group
 must sample with one seed (its leader's), else the sharded model is fed two different token streams.
-Prints, per rank, the mean |vLLM log-prob - transformers log-prob| of its samples.
+Prints, per rank, the engine's effective all-reduce + RMSNorm fusion setting (off at TP > 1) and the
+mean |vLLM log-prob - transformers log-prob| of its samples.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/colocated_tp_seeds.py MODEL_DIR
 """
@@ -33,7 +34,9 @@ def main() -> None:
     ids = [tokenizer("2+2=")["input_ids"], tokenizer("hello there")["input_ids"]]
     out = engine.generate(ids, n=2, sampling=SamplingConfig(max_tokens=8, seed=100 + rank, logprobs=True))
     # one write per line: print() writes the text and the newline apart, and the ranks share stdout
-    sys.stdout.write(f"rank {rank} topology {engine.topology} gap {policy_logprob_gap(policy, ids, out):.3e}\n")
+    fusion = engine.llm.llm_engine.vllm_config.compilation_config.pass_config.fuse_allreduce_rms
+    sys.stdout.write(f"rank {rank} topology {engine.topology} fuse_allreduce_rms {fusion} "
+                     f"gap {policy_logprob_gap(policy, ids, out):.3e}\n")
     sys.stdout.flush()
 
 

@@ -324,3 +324,13 @@ def test_on_policy_config_warns_at_start_up(tmp_path, tiny_model_dir, recwarn):
     _instantiate(tmp_path, tiny_model_dir)  # conf/tiny/aspo.yaml: 4 steps per rollout batch
     _instantiate(tmp_path, tiny_model_dir, extra=("--model.mini_batch_size=32", "--model.ppo_epochs=2"))
     assert not [w for w in recwarn if "on-policy" in str(w.message)]
+
+
+@pytest.mark.parametrize("config", ["conf/aspo.yaml", "conf/tiny/aspo.yaml"])
+def test_validation_runs_under_no_grad_in_every_fit(config, capsys):
+    """The CLI's trainer default: validation under ``no_grad`` (what gloo gives every CPU test), not
+    ``inference_mode`` (Lightning's default for FSDP2 on NCCL), so nothing a validation loop builds
+    first (an engine, FSDP2's gather buffers) is an inference tensor the next training step updates."""
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(REPO / config), "--print_config"])
+    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["inference_mode"] is False

@@ -97,13 +97,16 @@ def test_two_ranks_one_tensor_parallel_group(testbed, tmp_path):
 @pytest.mark.slow
 def test_tensor_parallel_group_samples_with_one_seed(tiny_model_dir):
     """The two ranks of a TP group ask for different seeds; the group samples with its leader's.
-    With each rank's own seed the gap was 2.9-3.4 nats (two token streams into one sharded model)."""
+    With each rank's own seed the gap was 2.9-3.4 nats (two token streams into one sharded model).
+    The engine's effective config has the all-reduce + RMSNorm fusion off (on GPUs: no FlashInfer
+    workspace over the TP group)."""
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            str(REPO / "tests/colocated_tp_seeds.py"), str(tiny_model_dir)], cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     gaps = [float(line.split()[-1]) for line in proc.stdout.splitlines() if line.startswith("rank ")]
     assert len(gaps) == 2 and "topology colocated" in proc.stdout and max(gaps) < FP32_GAP, proc.stdout
+    assert proc.stdout.count("fuse_allreduce_rms False") == 2, proc.stdout
 
 
 @pytest.mark.slow
@@ -144,7 +147,8 @@ def engine(testbed):
     from aspo_lit.rollout import VLLMEngine
 
     eng = VLLMEngine(kv_cache_gb=1, in_process=True, enable_sleep_mode=True)
-    eng.attach(None, AutoTokenizer.from_pretrained(testbed), testbed)
+    with torch.inference_mode():   # as a validation loop under inference mode would attach it first
+        eng.attach(None, AutoTokenizer.from_pretrained(testbed), testbed)
     yield eng
     eng.close()
 
@@ -188,6 +192,20 @@ def test_engine_keeps_its_own_stream(engine):
     first = _sample(engine, seed=None)
     random.seed(0), np.random.seed(0), torch.manual_seed(0)
     assert _sample(engine, seed=None) != first
+
+
+def test_an_engine_attached_under_inference_mode_takes_the_next_push(engine):
+    """Attached inside `torch.inference_mode()` (the fixture: as Lightning's validation loop runs under
+    it for FSDP2 on NCCL), the engine still holds normal tensors, so the next push outside it copies
+    into them in place. Before, the push raised 'Inplace update to inference tensor outside
+    InferenceMode'."""
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(engine.model_path)
+    engine.update_weights(policy.state_dict())
+    with torch.inference_mode():   # a push inside a validation loop too
+        engine.update_weights(policy.state_dict())
+    assert engine.generate(["1+1="], n=1, sampling=SamplingConfig(max_tokens=4, seed=0))[0][0].token_ids
 
 
 def test_level_two_sleep_demands_a_push(engine):

@@ -205,3 +205,24 @@ def test_the_run_seed_is_seed_everythings_and_a_resumed_run_keeps_its_own(tiny_m
     resumed_dm.load_state_dict(state)
     resumed.on_load_checkpoint(checkpoint)
     assert resumed_dm.seed == resumed.seed == 5
+
+
+def test_bounded_staleness_is_refused_on_gpu_nodes():
+    """data.max_staleness >= 1 starts one engine process per rank, which on a GPU node would all take
+    GPU 0 and get the weights as fp32 host copies: refused there with the key and the reason, run on
+    CPU, and k = 0 (the colocated synchronous loop) runs anywhere."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+
+    from data_modules.math import MathRLDataModule
+
+    for k, accelerator, refused in ((1, CUDAAccelerator(), True), (0, CUDAAccelerator(), False),
+                                    (2, CPUAccelerator(), False)):
+        data = MathRLDataModule(group_size=2, batch_size=4, max_staleness=k)
+        data.trainer = SimpleNamespace(world_size=1, accelerator=accelerator)
+        if refused:
+            with pytest.raises(ValueError, match=r"data.max_staleness=1 runs its engine processes on CPU only.*GPU 0"):
+                data.setup("fit")
+        else:
+            data.setup("fit")

@@ -185,11 +185,95 @@ def test_colocated_engine_reads_the_checkpoint_only_when_nothing_will_push(monke
     assert seen.get("load_format") == load_format and engine.needs_weight_push is needs_push
 
 
+def test_tensor_parallel_engines_turn_the_allreduce_fusion_off(monkeypatch):
+    """At TP > 1 a colocated engine asks vLLM for no all-reduce + RMSNorm fusion (the compiled pass builds
+    a FlashInfer workspace over the TP group; on by default on SM90), merged with the user's compilation
+    config, whose own setting of it wins. A fake ``vllm.LLM`` records the arguments."""
+    import os
+    import sys
+    import types
+
+    import torch.distributed as dist
+
+    from aspo_lit.rollout import VLLMEngine
+
+    seen = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen.clear()
+            seen.update(kwargs)
+            config = types.SimpleNamespace(tie_word_embeddings=False)
+            self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=config, dtype=torch.float32))
+
+        def sleep(self, level=1):
+            pass
+
+    platforms = types.SimpleNamespace(current_platform=types.SimpleNamespace(
+        is_cpu=lambda: True, is_sleep_mode_available=lambda: False))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, platforms=platforms))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "new_subgroups_by_enumeration", lambda ranks: ("tp group", None))
+    off = {"fuse_allreduce_rms": False}
+    for user, expected in (({}, {"pass_config": off}),
+                           ({"compilation_config": {"mode": 0}}, {"pass_config": off, "mode": 0}),
+                           ({"compilation_config": {"pass_config": {"fuse_allreduce_rms": True}}},
+                            {"pass_config": {"fuse_allreduce_rms": True}})):
+        engine = VLLMEngine(dtype="float32", tensor_parallel_size=2, **user)
+        engine.attach(None, tokenizer="a tokenizer", model_path="a/checkpoint")
+        assert seen["compilation_config"] == expected and seen["disable_custom_all_reduce"] is True
+    VLLMEngine(dtype="float32", tensor_parallel_size=1).attach(None, tokenizer="t", model_path="a/checkpoint")
+    assert "compilation_config" not in seen
+
+
+def test_the_datamodule_pushes_the_shards_for_the_engine_to_cast_before_their_gather():
+    """The training push hands the engine the policy's state dict as it is (FSDP2 shards), so that a
+    bf16 engine casts each before its gather: half the bytes of fp32. Before, the DataModule gathered
+    every tensor in fp32 first (aspo_lit.models.named_full_tensors) and the cast-before-gather never
+    ran. Fake shards count the bytes their gather moves."""
+    from types import SimpleNamespace
+
+    from aspo_lit.module import PolicyHandle
+    from aspo_lit.rollout.base import iter_named_tensors
+    from data_modules.math import MathRLDataModule
+
+    gathered = []
+
+    class Shard(torch.Tensor):
+        def full_tensor(self):
+            gathered.append(self.numel() * self.element_size())
+            return torch.Tensor(self).clone()
+
+    class Policy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(64, 32))
+
+        def state_dict(self, *args, **kwargs):
+            return {"w": self.w.detach().as_subclass(Shard)}
+
+    class Engine:
+        def update_weights(self, named_tensors):
+            self.pushed = dict(iter_named_tensors(named_tensors, dtype=torch.bfloat16))   # as VLLMEngine does
+
+    data = MathRLDataModule(group_size=2)
+    data.attach_policy(PolicyHandle(tokenizer=None, policy=Policy(), model_path=None, device=torch.device("cpu")))
+    data.trainer = SimpleNamespace(global_step=3)
+    engine = Engine()
+    data._sync_weights(engine)
+    assert gathered == [64 * 32 * 2] and engine.pushed["w"].dtype == torch.bfloat16   # bf16 bytes, not fp32
+
+
 @pytest.mark.parametrize("on_cpu", [True, False])
 def test_the_push_reloads_layer_by_layer_on_every_platform(monkeypatch, on_cpu):
     """The worker takes pushed tensors with the runner's in-place ``reload_weights`` on CPU and GPU
     alike (it re-runs each layer's post-load processing: CPU packing, B200 MoE layouts), never the
-    model's raw ``load_weights``; only the CPU re-packs a tied lm_head. Fake runner and platform."""
+    model's raw ``load_weights``, and through the Worker's own ``reload_weights`` (which sets the
+    current vLLM config around it); only the CPU re-packs a tied lm_head. Fake worker, runner and platform."""
     import sys
     import types
 
@@ -203,19 +287,32 @@ def test_the_push_reloads_layer_by_layer_on_every_platform(monkeypatch, on_cpu):
 
     class Runner:
         def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
-            calls.append(("reload_weights", [name for name, _ in weights_iterator], is_checkpoint_format))
+            calls.append(("reload_weights", [name for name, _ in weights_iterator], is_checkpoint_format,
+                          config_set[0]))
 
         def get_model(self):
             return Model()
 
+    config_set = [False]
+
+    class Worker(ASPOWorkerExtension):
+        """vLLM's Worker.reload_weights: the runner's, under set_current_vllm_config."""
+        def reload_weights(self, *args, **kwargs):
+            config_set[0] = True
+            try:
+                self.model_runner.reload_weights(*args, **kwargs)
+            finally:
+                config_set[0] = False
+
     platforms = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda: on_cpu))
     monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
-    worker = ASPOWorkerExtension()
+    worker = Worker()
     worker.model_runner = Runner()
     monkeypatch.setattr(worker, "aspo_retie_lm_head", lambda: calls.append("retie") or True)
     out = worker.aspo_load_weights(iter([("w", torch.ones(2))]))
     assert out["load_call"] == "reload_weights(weights_iterator)" and out["repacked_lm_head"] is on_cpu
-    assert calls == [("reload_weights", ["w"], True)] + (["retie"] if on_cpu else [])
+    # through the Worker's own reload_weights: the vLLM config set while the runner reloads
+    assert calls == [("reload_weights", ["w"], True, True)] + (["retie"] if on_cpu else [])
 
 
 def test_the_push_gathers_in_the_engines_dtype():

@@ -134,6 +134,16 @@ def colocate_env(rank: int, local_rank: int | str, world_size: int, tensor_paral
     return env
 
 
+def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override``'s values, nested dicts merged key by key (a user's
+    ``compilation_config: {mode: ...}`` keeps the colocated engine's ``pass_config``; a user's own
+    ``pass_config.fuse_allreduce_rms`` wins)."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 class VLLMEngine(RolloutEngine):
     """``vllm.LLM`` engine.
 
@@ -315,7 +325,7 @@ class VLLMEngine(RolloutEngine):
         elif self.tensor_parallel_size > 1 and self.in_process:
             raise ValueError("VLLMEngine(in_process=True) runs one worker; tensor_parallel_size > 1 needs the "
                              "multiprocess engine or a colocated one (one rank per TP shard)")
-        kwargs.update(self.llm_kwargs)
+        kwargs = merged(kwargs, self.llm_kwargs)
 
         import vllm
 
@@ -323,7 +333,9 @@ class VLLMEngine(RolloutEngine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self._shares_process else "1"
         t0 = time.perf_counter()
         try:
-            with self._engine_context("attach"):
+            # never inference tensors, whatever context attaches it (a validation loop under
+            # torch.inference_mode): the next push copies into them in place, which raises outside it
+            with self._engine_context("attach"), torch.inference_mode(False):
                 self.llm = vllm.LLM(**kwargs)
         finally:
             if saved is None:
@@ -375,6 +387,10 @@ class VLLMEngine(RolloutEngine):
             # (vllm_rollout_spmd.py passes disable_custom_all_reduce=True); colocate_env switches
             # off the other all-reduce backends
             kwargs["disable_custom_all_reduce"] = True
+            # and the compiled all-reduce + RMSNorm fusion, on by default at TP > 1 on SM90: it builds a
+            # FlashInfer workspace over the TP group (the same kind of shared-buffer all-reduce, with a
+            # history of hangs and illegal memory accesses), which VLLM_ALLREDUCE_USE_FLASHINFER=0 only sizes
+            kwargs["compilation_config"] = {"pass_config": {"fuse_allreduce_rms": False}}
         return kwargs
 
     # ------------------------------------------------------------------------------------------

@@ -54,12 +54,14 @@ class ASPOWorkerExtension:
         from vllm.platforms import current_platform
 
         t0 = time.perf_counter()
-        runner = self.model_runner  # type: ignore[attr-defined]
+        # the Worker's own reload_weights: it runs the runner's under set_current_vllm_config, which
+        # get_current_vllm_config() asserts on (the runner's alone would leave it unset)
+        reload = self.reload_weights  # type: ignore[attr-defined]
         if weights is None:
-            runner.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+            reload(weights_path=weights_path, is_checkpoint_format=True)
             call = "reload_weights(weights_path)"
         else:
-            runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+            reload(weights_iterator=iter(weights), is_checkpoint_format=True)
             call = "reload_weights(weights_iterator)"
         repacked = self.aspo_retie_lm_head() if retie and current_platform.is_cpu() else False
         return {"reload_s": time.perf_counter() - t0, "repacked_lm_head": repacked, "load_call": call}
