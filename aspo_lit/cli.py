@@ -39,6 +39,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from aspo_lit.callbacks import GracefulInterrupt, TrainingStats
 from aspo_lit.fp16 import check_precision, check_weights_dtype
 from aspo_lit.module import ASPOModule, rows_per_minibatch
+from aspo_lit.sampler_mismatch import check_truncated_support
 from aspo_lit.settings import check_positive_int
 from aspo_lit.step import updates_per_rollout
 from data_modules.math import RLDataModule, check_group_size, prompts_per_rank
@@ -78,6 +79,11 @@ def check_config(cfg: Any) -> None:
             prompts_per_rank(batch, world)
         if mini is not None and group is not None:
             rows_per_minibatch(mini, group, world)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    try:  # a nucleus cut where the sampler's log-probs reach the loss (aspo_lit.sampler_mismatch)
+        check_truncated_support(float(data_args.get("top_p") or 1.0), str(model.get("old_logprobs") or "recompute"),
+                                model.get("rollout_is_cap"))
     except ValueError as err:
         raise ConfigError(str(err)) from err
     precision = str(trainer.get("precision") or "")

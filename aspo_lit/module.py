@@ -44,7 +44,7 @@ from aspo_lit.metrics import AvgAtK, PassAtK
 from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
 from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_and_broadcast, shard_decoder_layers
 from aspo_lit.rollout.batch import RolloutBatch
-from aspo_lit.sampler_mismatch import mismatch_stats, truncated_is_weights
+from aspo_lit.sampler_mismatch import check_truncated_support, mismatch_stats, truncated_is_weights
 from aspo_lit.seeding import derived_seed, run_seed
 from aspo_lit.settings import check_choice, check_positive_int, choices
 from aspo_lit.stats import Stat, StatAccumulator
@@ -365,6 +365,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
         shape = batch.response_mask.shape
         device = batch.response_mask.device
         pre = PreUpdate.empty(shape, device, with_ref=self.ref_policy is not None)
+        check_truncated_support(batch.top_p, self.hparams.old_logprobs, self.hparams.rollout_is_cap)
         if self.hparams.old_logprobs == "sampler":
             if batch.rollout_logprobs is None:
                 raise ValueError("model.old_logprobs=sampler needs the rollout engine's log-probs, but this batch has none")
@@ -747,8 +748,9 @@ class PreUpdate:
         """``rollout/*``: the sampler's log-probs against the trainer's π_old, on every response
         token, or (old log-probs from the sampler) on the first mini-batch's only."""
         if self.trainer_logprobs is None:
-            return mismatch_stats(self.old_logprobs, batch.rollout_logprobs, mask)
-        return mismatch_stats(self.trainer_logprobs, batch.rollout_logprobs, mask * self.trainer_rows[:, None])
+            return mismatch_stats(self.old_logprobs, batch.rollout_logprobs, mask, batch.top_p)
+        return mismatch_stats(self.trainer_logprobs, batch.rollout_logprobs, mask * self.trainer_rows[:, None],
+                              batch.top_p)
 
 
 @dataclass

@@ -570,6 +570,7 @@ class RLDataModule(LightningDataModule):
             stats={},
             timings={},
             rollout_logprobs=packed["engine_logprobs"],
+            top_p=float(self.hparams.top_p),
         ).to(handle.device)
 
     def val_sampling(self, rank: int = 0) -> SamplingConfig:

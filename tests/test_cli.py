@@ -147,6 +147,9 @@ def test_omegaconf_interpolation(tmp_path, capsys):
         ("--model.torch_dtype=bfloat16 --model.lr=1e-6", "model.torch_dtype"),
         # responses of a mini-batch must split evenly over the processes
         ("--trainer.devices=3 --data.init_args.batch_size=6 --model.mini_batch_size=1", "model.mini_batch_size"),
+        # a nucleus cut where the sampler's renormalised log-probs reach the loss: the ratio carries the kept mass
+        ("--data.init_args.top_p=0.8 --model.old_logprobs=sampler", "data.top_p=0.8 with model.old_logprobs=sampler"),
+        ("--data.init_args.top_p=0.8 --model.rollout_is_cap=2.0", "data.top_p=0.8 with model.rollout_is_cap=2.0"),
     ],
 )
 def test_invalid_config_names_the_key(override, key, capsys, monkeypatch):

@@ -117,6 +117,23 @@ def test_same_seed_same_bits_at_the_default_thread_count(testbed, tmp_path):
     assert runs["k0"] == runs["a"], _debug_diff(runs["k0"], runs["a"])
 
 
+def test_a_nucleus_cut_trains_on_the_trainers_own_old_logprobs_and_logs_the_kept_mass(testbed, tmp_path):
+    """data.top_p < 1: the sampler's log-probs are renormalised over the nucleus, so with the trainer's own
+    π_old (recompute, the default) the run trains and logs the kept mass, π_old / π_sampler at each sampled
+    token (the sampler's own engine is the policy here: the ratio is the mass itself); with π_old from the
+    sampler, or a truncated IS weight, the combination is refused before training (tests/test_cli.py)."""
+    from aspo_lit.sampler_mismatch import check_truncated_support
+
+    assert main(fit_args(testbed, tmp_path, "nucleus", 4, "--data.init_args.top_p=0.8")) == 0
+    rows = [row for row in read_metrics(tmp_path / "nucleus").values() if "rollout/kept_mass" in row]
+    assert len(rows) == 2
+    for row in rows:
+        assert 0.5 < row["rollout/kept_mass"] < 1.0 and row["rollout/kept_mass"] == row["rollout/is_ratio_mean"]
+    with pytest.raises(ValueError, match="data.top_p=0.8 with model.old_logprobs=sampler"):
+        check_truncated_support(0.8, "sampler", None)
+    check_truncated_support(1.0, "sampler", None)   # the whole vocabulary: nothing to refuse
+
+
 @pytest.mark.numerics
 def test_exact_speedups_keep_the_metrics(testbed, tmp_path, monkeypatch, one_thread):
     """The speed-ups that claim exactness give the same metrics bit for bit, over two PPO epochs of

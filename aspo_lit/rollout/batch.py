@@ -43,6 +43,7 @@ class RolloutBatch:
     stats: dict[str, float | Stat] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # timing/rollout_s, timing/reward_s, ...
     rollout_logprobs: torch.FloatTensor | None = None  # [N, T] the engine's log-probs of its samples (0 on padding)
+    top_p: float = 1.0  # the nucleus the responses were sampled with (rollout_logprobs are renormalised over it)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "RolloutBatch":
         """A copy with every tensor field on ``device`` (other fields shared)."""
