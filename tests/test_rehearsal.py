@@ -21,8 +21,9 @@ def test_every_shipped_fit_config_is_rehearsed():
     assert shipped <= rehearsed, f"add {sorted(shipped - rehearsed)} to tests/rehearsal/run.py's CONFIGS"
 
 
-#: rehearsals too long for CI (`make rehearse` runs them): the real-shaped model's (~10 min, ~11 GB)
-HEAVY = ("aspo_real_shape",)
+#: rehearsals too long for CI (`make rehearse` runs them): the real-shaped model's (~10 min, ~11 GB), and
+#: the 2-node one's (~2.5 min: every fit two torchrun launches; its config and launch are checked below)
+HEAVY = ("aspo_real_shape", "aspo_2nodes")
 #: the rehearsals tests/test_rehearsal_more.py runs: a second file, so that pytest-xdist (`--dist
 #: loadfile`) can give them to the other worker (together ~14 min of one worker's time otherwise)
 IN_SECOND_FILE = ("grpo", "archer", "aspo+grpo_no_is", "qwen3_8b", "code_aspo", "code_grpo", "code_qwen3_4b",
@@ -210,3 +211,24 @@ def test_bf16_replay_is_held_to_the_noise_it_measured():
     assert compare_weights([w0, close], [w0, single], bf16=True, noise=0.05 / BF16_NOISE_FACTOR * 1.01)["ok"]
     assert not compare_weights([w0, close], [w0, single], bf16=True, noise=0.05 / BF16_NOISE_FACTOR * 0.99)["ok"]
     assert not compare_weights([w0, close], [w0, single], bf16=True, noise=None)["ok"]   # nothing to hold it to
+
+
+def test_two_node_rehearsal_is_the_aspo_config_on_two_nodes_of_one_rank(tmp_path):
+    """`aspo_2nodes` is conf/aspo.yaml with the CPU overlay and 2 nodes of 1 rank (trainer.num_nodes 2,
+    devices 1: nothing else differs from `aspo`'s rehearsal), every fit one torchrun per node; the
+    multi-node check holds ranks, nodes and local ranks to two machines' and refuses any other."""
+    from tests.rehearsal.run import MULTI_NODE, TWO_NODES_OVERLAY, VLLM_CONFIGS, config_diff, multi_node, overlays
+
+    name = "aspo_2nodes"
+    assert name in MULTI_NODE and name in VLLM_CONFIGS and overlays(CONFIGS[name], name)[-1] == TWO_NODES_OVERLAY
+    check, rehearsed = config_diff(name, CONFIGS[name], [], tmp_path / name)
+    assert check["ok"], check["outside_overlay"]
+    _, single_node = config_diff("aspo", CONFIGS["aspo"], [], tmp_path / "aspo")
+    assert {k for k in set(rehearsed) | set(single_node) if rehearsed.get(k) != single_node.get(k)} == {
+        "trainer.num_nodes", "trainer.devices"}
+    probes = [{"global_rank": r, "node_rank": r, "local_rank": 0, "env_local_rank": "0", "num_nodes": 2,
+               "policy_loads": [r == 0, r == 0], "engine": {"topology": "colocated"}} for r in range(2)]
+    assert multi_node(probes, 2)["ok"]
+    both_read = [{**p, "policy_loads": [True, True]} for p in probes]            # every node read the checkpoint
+    one_node = [{**p, "node_rank": 0, "local_rank": p["global_rank"]} for p in probes]   # 2 ranks on one node
+    assert not multi_node(both_read, 2)["ok"] and not multi_node(one_node, 2)["ok"]

@@ -148,6 +148,21 @@ class RehearsalProbe(Callback):
         self.phases = PhaseRSS()
         self._resume_phase = "setup"
         self.is_weights: list[dict] = []
+        self.loads: list[bool] = []   # per policy load: whether this rank read the checkpoint (else: meta + broadcast)
+        self._record_loads()
+
+    def _record_loads(self) -> None:
+        """Wrap the module's ``load_policy``: whether each load on this rank read the checkpoint
+        (``materialize``) or built the architecture on the meta device for rank 0's broadcast."""
+        import aspo_lit.module as module
+
+        original = module.load_policy
+
+        def recorded(*args, **kwargs):
+            self.loads.append(bool(kwargs.get("materialize", True)))
+            return original(*args, **kwargs)
+
+        module.load_policy = recorded
 
     @staticmethod
     def _peak_rss_mib() -> float:
@@ -310,6 +325,9 @@ class RehearsalProbe(Callback):
         self.rss_mib["end"] = self._peak_rss_mib()
         self.rss_mib["phases"] = self.phases.stop()
         record = {"world_size": trainer.world_size, "global_step": trainer.global_step, "lrs": self.lrs,
+                  "global_rank": trainer.global_rank, "node_rank": trainer.node_rank, "local_rank": trainer.local_rank,
+                  "num_nodes": trainer.num_nodes, "env_local_rank": os.environ.get("LOCAL_RANK"),
+                  "policy_loads": self.loads,
                   "engine": self.engine, "engine_checks": self.engine_checks, "peak_rss_mib": self.rss_mib,
                   "cross_rank_max_diff": self.cross_rank_max_diff, "first_batch": self.first_batch,
                   "is_weights": self.is_weights,

@@ -11,7 +11,11 @@ the rest; the code configs add `conf/rehearsal/code_cpu.yaml`: the code testbed 
 graded by the shipped sandboxed reward; `qwen3_30b_a3b` adds `conf/rehearsal/moe_cpu.yaml`: the
 tiny random Qwen3-MoE of `tests/rehearsal/standins.py`, a length reward, rollout TP 2;
 `aspo_real_shape` is `aspo` on a random llama of a real 135M checkpoint's shape, same file, with
-`conf/rehearsal/real_shape_cpu.yaml` and a host-memory bound per rank and phase), it:
+`conf/rehearsal/real_shape_cpu.yaml` and a host-memory bound per rank and phase; `aspo_2nodes` is
+`aspo` on 2 nodes of 1 rank, `conf/rehearsal/two_nodes_cpu.yaml`, every fit started as a multi-node
+job: one `torch.distributed.run --nnodes 2 --node_rank i` per node, meeting at localhost, with a
+check that the ranks, nodes and local ranks are as on 2 machines and that rank 0 alone read the
+checkpoint), it:
 
 1. diffs the effective configs (`--print_config`) of the shipped file and shipped + overlay: only
    overlay keys may differ (the diff is printed and saved);
@@ -24,12 +28,12 @@ tiny random Qwen3-MoE of `tests/rehearsal/standins.py`, a length reward, rollout
    every rollout batch follows the warm-up counted in rollout batches;
 3. replays the recorded global batches in 1 process and compares the weights after every
    optimizer step: within 1e-6 in fp32. With a bf16 compute policy the bound is measured in the
-   same rehearsal: a second 1-process replay that differs only in the order of its sums (one row
-   per forward/backward instead of the config's micro-batches) gives the relative difference that
-   rounding alone makes between two correct runs, and the 2-process run must be within
-   `BF16_NOISE_FACTOR` times that of the first replay (bf16 keeps 8 mantissa bits, and AdamW's
-   first steps normalise every gradient entry to about ±lr, so rounding flips the tiny ones: how
-   much depends on the model's weights, ~8 % on random stand-ins, ~24 % on a real checkpoint);
+   same rehearsal: a second 1-process replay in fp32 compute gives how far bf16 moves this run's
+   updates, and the 2-process run must be within `BF16_NOISE_FACTOR` times that of the bf16 replay
+   (bf16 keeps 8 mantissa bits, and AdamW's first steps normalise every gradient entry to about ±lr,
+   so rounding flips the tiny ones: how much depends on the model's weights, ~8 % on random
+   stand-ins, ~24 % on a real checkpoint; reordering the fp32 sums alone moved nothing at all here,
+   the differences sitting below the weights' resolution);
 4. sends SIGTERM to rank 0 in the middle of the run, resumes with `--ckpt_path last` (sharded
    checkpoint) and checks the metrics equal the uninterrupted run's. With vLLM the
    engine runs as on a GPU node: colocated, one in-process engine per rank, sleep mode on, the
@@ -83,10 +87,15 @@ CONFIGS: dict[str, list[str]] = {
     **{f"code_{c}": ["conf/aspo.yaml", "conf/code/aspo.yaml", f"conf/code/{c}.yaml"] for c in ("qwen3_4b", "archer2_data")},
     # the paper's config on a real-shaped model (tests/rehearsal/standins.py): the colocated path's host memory
     "aspo_real_shape": ["conf/aspo.yaml"],
+    # the paper's config on 2 nodes x 1 rank, each node started by torchrun as a multi-node job is
+    "aspo_2nodes": ["conf/aspo.yaml"],
 }
-VLLM_CONFIGS = ("aspo", "qwen3_30b_a3b", "aspo_real_shape")
+VLLM_CONFIGS = ("aspo", "qwen3_30b_a3b", "aspo_real_shape", "aspo_2nodes")
+TWO_NODES_OVERLAY = "conf/rehearsal/two_nodes_cpu.yaml"
 #: overlays of one rehearsal, after the others (a config file alone does not name them)
-NAMED_OVERLAYS = {"aspo_real_shape": [REAL_SHAPE_OVERLAY]}
+NAMED_OVERLAYS = {"aspo_real_shape": [REAL_SHAPE_OVERLAY], "aspo_2nodes": [TWO_NODES_OVERLAY]}
+#: rehearsals whose fits start one `torch.distributed.run` per node (--nnodes 2), not Lightning's launcher
+MULTI_NODE = ("aspo_2nodes",)
 #: the stand-in model a rehearsal trains instead of the testbed (tests/rehearsal/standins.py)
 STANDINS = {"qwen3_30b_a3b": "TINY_MOE", "aspo_real_shape": "REAL_SHAPE"}
 #: the host-memory bound of a rehearsal, per rank and per phase (MiB of resident set size)
@@ -111,12 +120,34 @@ PROBE = "tests.rehearsal.probe.RehearsalProbe"
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 
 
-def _cli(args: list[str], log: Path, timeout: int = 1200) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "aspo_lit", *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+def _cli(args: list[str], log: Path, timeout: int = 1200, nodes: int = 1) -> subprocess.CompletedProcess:
+    """``python -m aspo_lit <args>``; with ``nodes`` > 1, one ``torch.distributed.run --nnodes N
+    --node_rank i --nproc_per_node 1`` per node, all on this machine, meeting at localhost (a static
+    rendezvous: node_rank gives the global ranks), as a multi-node job starts (docs/gpu.md)."""
+    if nodes == 1:
+        cmds = [[sys.executable, "-m", "aspo_lit", *args]]
+    else:
+        from tests.ranks import free_port
+
+        port = free_port()
+        cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node_rank", str(i),
+                 "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                 "-m", "aspo_lit", *args] for i in range(nodes)]
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for cmd in cmds]
+    outputs = []
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    code = max((p.returncode for p in procs), key=abs)
+    stdout, stderr = "".join(o for o, _ in outputs), "".join(e for _, e in outputs)
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(" ".join(cmd) + "\n\n" + proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    return proc
+    log.write_text("\n".join(" ".join(c) for c in cmds) + "\n\n" + stdout + "\n--- stderr ---\n" + stderr)
+    return subprocess.CompletedProcess(cmds[0], code, stdout, stderr)
 
 
 def _flat(tree, prefix=""):
@@ -190,16 +221,16 @@ def config_diff(name: str, configs: list[str], extra: list[str], out: Path) -> t
     return {"diff": diff, "outside_overlay": outside, "ok": not outside}, rehearsed
 
 
-def _fit(files, extra, save_dir, probe_args, log, ckpt_last=False, seconds: dict | None = None):
-    """One `fit` subprocess of the config ``files`` (overlays included); its wall seconds go to
-    ``seconds[<log's stem>]``."""
+def _fit(files, extra, save_dir, probe_args, log, ckpt_last=False, seconds: dict | None = None, nodes: int = 1):
+    """One `fit` of the config ``files`` (overlays included): a subprocess, or one per node; its wall
+    seconds go to ``seconds[<log's stem>]``."""
     args = ["fit"] + sum((["--config", c] for c in files), []) + extra
     args += [f"--trainer.logger.init_args.save_dir={save_dir}", f"--trainer.callbacks+={PROBE}"]
     args += [f"--trainer.callbacks.init_args.{k}={v}" for k, v in probe_args.items()]
     if ckpt_last:
         args += ["--ckpt_path", "last"]
     t0 = time.perf_counter()
-    proc = _cli(args, log)
+    proc = _cli(args, log, nodes=nodes)
     if seconds is not None:
         seconds[log.stem] = round(time.perf_counter() - t0, 1)
     return proc
@@ -242,10 +273,11 @@ def _weights(folder: Path) -> list[Path]:
     return sorted((folder / "weights").glob("*.pt"))
 
 
-#: the 2-process run against the 1-process replay, in units of the rounding noise measured between two
-#: 1-process replays (bf16): the two differences are of one kind (the order of float sums), so of the
-#: same size up to the spread of a norm over thousands of entries; 3 leaves room for that spread
-#: and for the extra reductions of two ranks (measured on CPU: see docs/verification.md)
+#: the 2-process run against the 1-process replay, in units of how far bf16 compute moves the replay's
+#: updates (its distance to the same replay in fp32). Two bf16 runs that differ only in how their
+#: sums are split over ranks are two draws of that rounding: their distance is about sqrt(2) times
+#: either's distance to fp32 when the roundings are independent, and less when they share most
+#: roundings (same kernels, same shapes); 3 leaves room for the spread of a norm over the model.
 BF16_NOISE_FACTOR = 3.0
 
 
@@ -253,8 +285,8 @@ def compare_weights(multi: list[dict | Path], single: list[dict | Path], bf16: b
     """Snapshots (state dicts, or their files: loaded a pair at a time, memory-mapped, so a
     real-shaped model's 13 x 2 snapshots are never all in memory). fp32: every weight within 1e-6.
     bf16: the relative update difference within ``BF16_NOISE_FACTOR`` × ``noise`` (the same measure
-    between two 1-process replays that differ only in the order of their sums); without a noise
-    measurement the check fails (nothing to hold it to)."""
+    between the bf16 replay and the replay in fp32 compute); without a noise measurement the check
+    fails (nothing to hold it to)."""
     if len(multi) != len(single):
         return {"ok": False, "why": f"{len(multi)} vs {len(single)} weight snapshots"}
 
@@ -276,8 +308,8 @@ def compare_weights(multi: list[dict | Path], single: list[dict | Path], bf16: b
     bound = None if noise is None else BF16_NOISE_FACTOR * noise
     return {"ok": bound is not None and max_rel_update <= bound, "max_abs_diff": max_abs,
             "max_relative_update_diff": max_rel_update, "noise": noise, "bound": bound,
-            "tolerance": f"relative update diff <= {BF16_NOISE_FACTOR:g} x the diff between two 1-process replays "
-                         "that differ only in the order of their sums (bf16 compute)"}
+            "tolerance": f"relative update diff <= {BF16_NOISE_FACTOR:g} x the bf16 replay's diff from the same "
+                         "replay in fp32 compute"}
 
 
 def run_overrides(name: str, overrides: list[str] = ()) -> tuple[list[str], list[str]]:
@@ -310,7 +342,9 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
         checks["same_run_as"] = _same_config(rehearsed, SAME_RUN_AS[name], extra, out, allowed=LOSS_ONLY_KEYS[1:])
         return _finish(verdict, checks, out_root, name, t0)
 
-    proc = _fit(files, extra, out / "multi", {"out_dir": out / "multi" / "probe"}, out / "multi.log", seconds=fit_s)
+    nodes = 2 if name in MULTI_NODE else 1
+    proc = _fit(files, extra, out / "multi", {"out_dir": out / "multi" / "probe"}, out / "multi.log", seconds=fit_s,
+                nodes=nodes)
     if proc.returncode != 0:
         checks["multi_run"] = {"ok": False, "why": f"fit failed (rc {proc.returncode}), see {out / 'multi.log'}"}
         return _finish(verdict, checks, out_root, name, t0)
@@ -327,6 +361,8 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
                                        "trained": p0["policy_model_type"], "expected": POLICY_TYPE[name]}
     if rehearsed.get("model.rollout_is_cap") is not None:
         checks["rollout_is_cap_applied"] = _is_cap_applied(probes, rehearsed["model.rollout_is_cap"], _metrics(out / "multi"))
+    if nodes > 1:
+        checks["multi_node"] = multi_node(probes, nodes)
     checks["ranks_identical"] = {"ok": max(p0["cross_rank_max_diff"]) == 0.0 and p0["world_size"] == 2,
                                  "max_diff": max(p0["cross_rank_max_diff"]), "snapshots": len(p0["cross_rank_max_diff"])}
     fb = p0["first_batch"]
@@ -342,16 +378,16 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
 
     bf16 = rehearsed.get("trainer.strategy.init_args.param_dtype") in ("bfloat16", "float16")
     mini = rehearsed["model.mini_batch_size"]
-    replay = list(overrides) + ["--trainer.devices=1", "--data=tests.rehearsal.replay.ReplayRollouts",
+    replay = list(overrides) + ["--trainer.devices=1", "--trainer.num_nodes=1", "--data=tests.rehearsal.replay.ReplayRollouts",
               f"--data.rollout_dir={out / 'multi' / 'probe' / 'rollouts'}", "--data.world_size=2",
               f"--data.mini_batch_size={mini}"]
     proc = _fit(files, replay, out / "single", {"out_dir": out / "single" / "probe"}, out / "single.log", seconds=fit_s)
     noise = None
-    if proc.returncode == 0 and bf16:   # the rounding noise between two correct 1-process runs
-        proc = _fit(files, replay + ["--model.micro_batch_size=1"], out / "single_reordered",
-                    {"out_dir": out / "single_reordered" / "probe"}, out / "single_reordered.log", seconds=fit_s)
+    if proc.returncode == 0 and bf16:   # how far bf16 compute moves this run's updates: the replay in fp32
+        proc = _fit(files, replay + ["--trainer.strategy.param_dtype=null"], out / "single_fp32",
+                    {"out_dir": out / "single_fp32" / "probe"}, out / "single_fp32.log", seconds=fit_s)
         if proc.returncode == 0:
-            noise = compare_weights(_weights(out / "single" / "probe"), _weights(out / "single_reordered" / "probe"),
+            noise = compare_weights(_weights(out / "single" / "probe"), _weights(out / "single_fp32" / "probe"),
                                     bf16)["max_relative_update_diff"]
     if proc.returncode != 0:
         checks["single_replay"] = {"ok": False, "why": f"replay failed (rc {proc.returncode}), see {out}"}
@@ -366,10 +402,12 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     reference = out / "multi"
     cut = out / "interrupted"
     extra = extra + RESUME_EXTRA.get(name, [])
-    proc = _fit(files, extra, cut, {"out_dir": cut / "probe", "sigterm_at_batch": 1, "save": False}, out / "interrupted.log", seconds=fit_s)
+    proc = _fit(files, extra, cut, {"out_dir": cut / "probe", "sigterm_at_batch": 1, "save": False}, out / "interrupted.log",
+                seconds=fit_s, nodes=nodes)
     ckpts = list(cut.rglob("last*.ckpt"))
     if proc.returncode == 0 and ckpts:
-        proc = _fit(files, extra, cut, {"out_dir": cut / "probe_resumed", "save": False}, out / "resumed.log", ckpt_last=True, seconds=fit_s)
+        proc = _fit(files, extra, cut, {"out_dir": cut / "probe_resumed", "save": False}, out / "resumed.log", ckpt_last=True,
+                    seconds=fit_s, nodes=nodes)
     if proc.returncode != 0 or not ckpts:
         checks["sigterm_resume"] = {"ok": False, "why": f"interrupted/resumed run failed or left no last.ckpt, see {out}"}
     elif name in VLLM_CONFIGS:  # sampled in distribution only: the pushes and the gap, not the metrics
@@ -401,6 +439,20 @@ def _finish(verdict, checks, out_root, name, t0):
     failed = [k for k, c in checks.items() if not c.get("ok")]
     print(f"rehearsal {name}: {status} in {verdict['wall_s']} s {failed or ''} -> {path}", flush=True)
     return verdict
+
+
+def multi_node(probes: list[dict], nodes: int) -> dict:
+    """One rank per node: global ranks 0..N-1 on nodes 0..N-1, local rank 0 on each (the engine's
+    device index too), rank 0 alone read the checkpoint (the others were filled by its broadcast),
+    each node's engine colocated with its rank."""
+    by_rank = sorted(probes, key=lambda p: p["global_rank"])
+    ok = ([p["global_rank"] for p in by_rank] == list(range(nodes))
+          and [p["node_rank"] for p in by_rank] == list(range(nodes))
+          and all(p["local_rank"] == 0 and p["env_local_rank"] == "0" and p["num_nodes"] == nodes for p in by_rank)
+          and by_rank[0]["policy_loads"][:1] == [True] and all(p["policy_loads"][:1] == [False] for p in by_rank[1:])
+          and all((p.get("engine") or {}).get("topology") == "colocated" for p in by_rank))
+    return {"ok": ok, **{k: [p.get(k) for p in by_rank] for k in ("global_rank", "node_rank", "local_rank",
+                                                                  "env_local_rank", "policy_loads")}}
 
 
 def host_memory(probes: list[dict], bound_mib: float) -> dict:
