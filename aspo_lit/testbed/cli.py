@@ -52,12 +52,14 @@ def build(profile: str = "testbed", overrides: dict[str, Any] | None = None, see
 
 
 def _comparison(report: dict) -> str:
-    acc = report["heldout_accuracy"]
     head = f"against the shipped {report['testbed']} v{report['shipped_version']} ({report['shipped']}): "
     if report["identical"]:
         return head + "identical (every file's SHA-256)"
+    acc = report["heldout_accuracy"]
     recipe = "the same recipe" if report["same_recipe"] else "another recipe (its config hash differs)"
-    return (head + f"{recipe}; weights differ in {report['tensors_differ']} of {report['tensors']} tensors, "
-            f"max |dw| {report['max_abs_weight_diff']:.3g}"
+    largest = report["max_abs_weight_diff"]
+    weights = (f"weights differ in {report['tensors_differ']} of {report['tensors']} tensors"
+               + (f", max |dw| {largest:.3g}" if largest is not None else ""))
+    return (head + f"{recipe}; {weights}"
             + (f", shapes differ: {report['shapes_differ']}" if report["shapes_differ"] else "")
             + f"; held-out accuracy {acc['built']} here vs {acc['shipped']} shipped")
