@@ -5,7 +5,8 @@ to `out_dir`:
 
 * `rollouts/step{k}_rank{r}.pt`: the rollout batch this rank trained on (for the 1-process replay);
 * `weights/{i:03d}.pt` (rank 0): the gathered full weights before optimizer step i+1, and after the
-  last step as the final file, so a replay can be compared step by step;
+  last step as the final file, so a replay can be compared step by step; `gradient_000.pt` (rank 0):
+  the first optimizer step's gathered gradient;
 * `probe_rank{r}.json`: the lr of every rollout batch, per optimizer step the largest difference
   between the ranks' gathered weights, after the first optimizer step with a gradient (a batch whose
   groups are all solved by all or none of their samples has none) whether every entry whose AdamW
@@ -246,6 +247,17 @@ class RehearsalProbe(Callback):
             torch.save(state, self.out / "weights" / f"{self._snap:03d}.pt")
         self._snap += 1
 
+    def _save_gradient(self, trainer, pl_module) -> None:
+        """The first optimizer step's gradient, gathered (a collective) and saved on rank 0: from the
+        same weights and batch in every run of a rehearsal, it differs between them only by rounding,
+        before AdamW's normalisation magnifies that into the update."""
+        keep = self.save and trainer.is_global_zero
+        grads = {n: full_tensor(p.grad).float().cpu() for n, p in pl_module.policy.named_parameters()
+                 if p.grad is not None}
+        if keep:
+            self.out.mkdir(parents=True, exist_ok=True)
+            torch.save(grads, self.out / "gradient_000.pt")
+
     # -- hooks -----------------------------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.phases.enter("probe")
@@ -274,6 +286,8 @@ class RehearsalProbe(Callback):
         self.phases.enter("update")
 
     def _on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self._snap == 0:
+            self._save_gradient(trainer, pl_module)
         self._snapshot(trainer, pl_module)
         if self.first_batch is not None:
             return
