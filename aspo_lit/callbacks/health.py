@@ -34,8 +34,11 @@ when the test does not reject: the line's start and end may then differ by noise
   ``min_reward_gain``; ``flat`` covers no trend within the noise and a plateau. "Not rising" (flat
   or falling) is App. D's stagnating reward: no warning alone (healthy runs plateau), only with a
   collapsing entropy.
-* "Surging" = the last window's mean exceeds ``surge`` × the previous window's (or the first
-  window's) mean, and the series over those two windows rises beyond its noise (the same test).
+* "Surging" = the last window's mean exceeds ``surge`` (3) × the previous window's (or the first
+  window's) mean, and the series over those two windows rises beyond its noise (the same test). A
+  policy that learns moves away from the reference steadily: on 60 seeds of the demo the KL's mean
+  doubled from one 10-batch window to the next in 10 runs (ratios 2.0-2.6), all of them learning;
+  at a factor of 2 each read watch.
   The KL to the reference is 0 at the first batch by construction and ramps up as training starts,
   so its first window is no baseline: a KL surge is judged from the third window on. A surge of the
   KL or the clip ratio while the reward rose (its last window's mean above its first window's by
@@ -125,7 +128,7 @@ def assess_health(history: Mapping[str, Sequence[float]], *, window: int = 20,
                   min_entropy: float = 0.02, max_entropy_drop: float = 0.9,
                   fast_entropy_drop: float = 0.3, min_reward_gain: float = 0.02,
                   clip_high: float = 0.02, clip_floor: float = 1e-3, kl_floor: float = 1e-4,
-                  surge: float = 2.0, alpha: float = 0.05, max_entropy_rise: float = 0.5) -> tuple[str, str]:
+                  surge: float = 3.0, alpha: float = 0.05, max_entropy_rise: float = 0.5) -> tuple[str, str]:
     """Verdict ``healthy | watch | collapsed`` and its reason in words (module docstring).
 
     ``history`` maps ``train/entropy``, ``train/reward_mean``, ``clip/pos_high``, ``train/kl`` to
@@ -230,7 +233,7 @@ class HealthMonitor(Diagnostic):
     def __init__(self, interval: int = 10, window: int = 20, min_entropy: float = 0.02,
                  max_entropy_drop: float = 0.9, fast_entropy_drop: float = 0.3,
                  min_reward_gain: float = 0.02, clip_high: float = 0.02, clip_floor: float = 1e-3,
-                 kl_floor: float = 1e-4, surge: float = 2.0, alpha: float = 0.05,
+                 kl_floor: float = 1e-4, surge: float = 3.0, alpha: float = 0.05,
                  max_entropy_rise: float = 0.5) -> None:
         super().__init__(prog_bar=("health/status",))
         self.interval = interval
