@@ -152,9 +152,21 @@ def ema_smooth(y: np.ndarray, alpha: float) -> np.ndarray:
     return out
 
 
+#: what a panel says when its series is 0 in every batch of every run (nothing to draw but a flat line)
+NOTHING = {"train/repetition_rate": "no repeated n-grams in any batch", "clip/pos_high": "no token clipped in any batch"}
+
+
 def plot_figure2(run_dirs: Sequence[str], out_path_stem: str, labels: Sequence[str] | None = None,
-                 smooth: float = 0.0) -> list[str]:
-    """Overlay the Fig. 2 panels of ``run_dirs``; save ``<stem>.png`` and ``<stem>.svg``."""
+                 smooth: float = 0.0, window: int | None = None,
+                 bands: dict[str, dict[int, tuple[float, float, float]]] | None = None,
+                 band_label: str = "reference") -> list[str]:
+    """Overlay the Fig. 2 panels of ``run_dirs``; save ``<stem>.png`` and ``<stem>.svg``.
+
+    ``window``: draw each run's per-batch values faintly and its means over windows of that many
+    batches over them (a run's own figure: one batch's value is mostly that batch's sampling noise).
+    ``bands``: per metric, ``{window: (low, mean, high)}`` of reference seeds (``aspo_lit.bands.seed_range``)
+    drawn behind the runs, in windows of ``window`` batches. A panel whose series is 0 in every batch of
+    every run says so instead of drawing a flat line."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state
 
     labels = list(labels) if labels else [os.path.basename(os.path.normpath(r)) for r in run_dirs]
@@ -165,20 +177,43 @@ def plot_figure2(run_dirs: Sequence[str], out_path_stem: str, labels: Sequence[s
     fig = Figure(figsize=(4 * len(PANELS), 3.4), layout="constrained")
     for ax, (key, title) in zip(fig.subplots(1, len(PANELS)), PANELS):
         key = key or accuracy
+        if bands and key in bands and window:
+            draw_seed_range(ax, bands[key], window, band_label)
+        values = [run[key][1] for run in runs if key in run]
+        if values and all(not np.any(v) for v in values):
+            ax.text(0.5, 0.5, NOTHING.get(key, f"{key} = 0 in every batch"), ha="center", va="center",
+                    transform=ax.transAxes, fontsize=9, color="0.3")
         for i, (run, label) in enumerate(zip(runs, labels)):
-            if key in run:
-                steps, values = run[key]
-                ax.plot(steps, ema_smooth(values, smooth), color=f"C{i}", label=label, lw=1.4,
+            if key not in run or not np.any(run[key][1]):
+                continue
+            steps, y = run[key]
+            if window and len(steps) >= 2 * window:
+                ax.plot(steps, y, color=f"C{i}", lw=0.7, alpha=0.35)
+                index = np.floor(steps / window).astype(int)
+                centres = [w * window + (window - 1) / 2 for w in np.unique(index)]
+                ax.plot(centres, [y[index == w].mean() for w in np.unique(index)], color=f"C{i}", lw=1.6,
+                        marker="o", ms=3, label=f"{label} (means of {window} batches)")
+            else:
+                ax.plot(steps, ema_smooth(y, smooth), color=f"C{i}", label=label, lw=1.4,
                         marker="o" if len(steps) < 30 else None, ms=3)
         ax.set(title=title, xlabel="step", ylabel=key)
         ax.grid(alpha=0.3)
-    fig.axes[0].legend()
+    fig.axes[0].legend(fontsize=7)
     stem = os.path.splitext(out_path_stem)[0] if out_path_stem.endswith((".png", ".svg")) else out_path_stem
     os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
     paths = [f"{stem}.png", f"{stem}.svg"]
     for path in paths:
         fig.savefig(path, dpi=130)
     return paths
+
+
+def draw_seed_range(ax, ranges: dict[int, tuple[float, float, float]], window: int, label: str = "seeds") -> None:
+    """Reference seeds' 5th-95th percentile per window (a window's band spans its steps) and their mean."""
+    for i, (w, (low, _, high)) in enumerate(sorted(ranges.items())):
+        ax.fill_between([w * window - 0.5, (w + 1) * window - 0.5], [low, low], [high, high], color="0.6", alpha=0.3,
+                        lw=0, label=f"{label}: 5-95 % of seeds" if i == 0 else None)
+    ax.plot([w * window + (window - 1) / 2 for w in sorted(ranges)], [ranges[w][1] for w in sorted(ranges)],
+            color="0.4", ls="--", lw=1, label=f"{label}: mean")
 
 
 def figure_pixels(figure: Any) -> np.ndarray:

@@ -413,7 +413,9 @@ def settings_lines(results: Results) -> list[str]:
         meta = read_json(Path(path) / "testbed.json") if folder else {}
         extra = (f" ({meta.get('num_parameters', 0) / 1e6:.2f}M parameters, warm-started for "
                  f"{meta.get('sft_steps')} SFT steps)") if meta else ""
-        lines.append(f"* Model: `{show_path(path) if folder else path}`{extra}, the same folder for every run.")
+        testbeds = sorted({inv["testbed"] for inv in results.invocations if inv.get("testbed")})
+        named = f"; testbed: {', '.join(testbeds)} (docs/testbed.md)" if testbeds else ""
+        lines.append(f"* Model: `{show_path(path) if folder else path}`{extra}, the same folder for every run{named}.")
     if study.executor == "slurm":
         lines.append(f"* Parallelism: a SLURM job array, {study.jobs} runs at a time, {study.threads_per_job} "
                      "thread(s) each (`OMP_NUM_THREADS`).")

@@ -8,7 +8,8 @@ aspo_lit/seeding.py) into ``<out>/s<seed>/version_0``; words after ``--`` are pa
 (e.g. ``-- --model.lr=3e-4``). A seed that finished (its ``done`` marker, written when its fit exits
 0) is not run again. The table gives per seed what ``RunSummary`` prints: held-out ``val/avg@K`` at the first
 and last evaluation (the first is the untrained policy when the config has ``ValBeforeTrain``), the
-reward as the mean of the first and last batches (``end_window``), and the health verdict; then the
+reward as the mean of the first and last batches (``end_window``), and the health verdict (replayed by
+today's rules over the series the run logged, in the run's own window); then the
 mean and SD of each rise over seeds and how many seeds rose. A claim about the demo is a claim about
 this table, not about one seed. The runs double as a reference's seeds:
 ``python -m aspo_lit reference <out>/s*/version_0 --out ref.json`` (docs/compare.md).
@@ -27,11 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
+from aspo_lit.callbacks.health import CLIP, ENTROPY, KL, REWARD, assess_health
 from aspo_lit.callbacks.summary import SUMMARY_WINDOW, end_window
 from aspo_lit.figures import read_metrics
 from experiments.runner import run_env
 
-REWARD, VAL_PREFIX = "train/reward_mean", "val/avg@"
+VAL_PREFIX = "val/avg@"
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ def seed_outcome(run_dir: str | os.PathLike, seed: int, window: int = SUMMARY_WI
     w = end_window(reward.size, window) if reward.size else 1
     health_file = run_dir / "health.json"
     health = json.loads(health_file.read_text()) if health_file.exists() else {}
+    if "thresholds" in health:   # the verdict by today's rules, from the series the run logged, in its window
+        history = {k: np.asarray(series[k][1]) for k in (ENTROPY, REWARD, CLIP, KL) if k in series}
+        health["verdict"], health["reason"] = assess_health(history, window=health["thresholds"]["window"])
     nan = float("nan")
     return SeedOutcome(
         seed, val_keys[0] if val_keys else "val/avg@K",

@@ -320,6 +320,43 @@ def test_figure2_renders_png_and_svg_from_fixture(tmp_path):
     assert (tmp_path / "cli.png").exists() and (tmp_path / "cli.svg").exists()
 
 
+def test_a_runs_figure2_draws_the_reference_seeds_and_says_when_a_panel_is_empty(tmp_path, monkeypatch):
+    """A run's own Fig. 2: with the shipped reference its config trains (the demo's), the seeds' range
+    per window behind the run's window means; a panel whose series is 0 in every batch says so instead
+    of a flat line; without a reference, the window means over the faint per-batch values."""
+    from types import SimpleNamespace
+
+    from matplotlib.figure import Figure
+
+    from aspo_lit.callbacks.summary import figure_bands
+    from aspo_lit.run_reference import read_reference
+
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.append(fig))
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = ["step,train/entropy,train/repetition_rate,clip/pos_high,train/kl,train/reward_mean"]
+    rows += [f"{t},{0.07 - 0.0005 * t},0.0,0.001,{0.001 * t},0.5" for t in range(40)]
+    (run / "metrics.csv").write_text("\n".join(rows) + "\n")
+    demo = read_reference("demo")
+    (run / "config.yaml").write_text(demo.config_text.replace("seed_everything: 0", "seed_everything: 5"))
+    module = SimpleNamespace(hparams={"testbed": demo.testbed})
+    window, bands, name = figure_bands(run, module, read_metrics(str(run)))
+    assert (window, name) == (demo.window, "demo") and set(bands) >= {"train/entropy", "train/kl"}
+    plot_figure2([str(run)], str(tmp_path / "fig"), window=window, bands=bands, band_label=name)
+    axes = {ax.get_ylabel(): ax for ax in drawn[-1].axes}
+    entropy = axes["train/entropy"]
+    assert entropy.collections and any("demo: 5-95 % of seeds" == c.get_label() for c in entropy.collections)
+    assert any("means of 4 batches" in line.get_label() for line in entropy.lines)
+    repetition = axes["train/repetition_rate"]
+    assert [t.get_text() for t in repetition.texts] == ["no repeated n-grams in any batch"]
+    assert not [line for line in repetition.lines if "means of" in line.get_label()]  # the seeds' mean only
+    # another testbed, or a config the reference is not: window means, no band
+    assert figure_bands(run, SimpleNamespace(hparams={"testbed": "testbed v2"}), read_metrics(str(run)))[1] is None
+    (run / "config.yaml").write_text(demo.config_text.replace("lr: 0.0002", "lr: 0.001"))
+    assert figure_bands(run, module, read_metrics(str(run))) == (4, None, "")
+
+
 # --------------------------------------------------------------------------- 2 processes
 @pytest.mark.multiproc
 @pytest.mark.timeout(180)

@@ -397,7 +397,8 @@ def test_sample_size_table_in_the_docs_is_the_formula_at_the_papers_accuracies()
 
 
 def test_compare_refuses_a_table_reference():
-    from aspo_lit.compare import CompareError, read_reference
+    from aspo_lit.run_reference import read_reference
+    from aspo_lit.runlog import CompareError
 
     with pytest.raises(CompareError, match="a 'table' reference, not bands"):
         read_reference("paper_table1")

@@ -96,6 +96,21 @@ def _first_last_evaluation(series: dict, key: str) -> str:
     return f"{values[0]:.3f} -> {values[-1]:.3f}  (first/last evaluation)" if len(values) else "n/a"
 
 
+def figure_bands(log_dir: Path, pl_module, series: dict) -> tuple[int, dict | None, str]:
+    """What a run's own Fig. 2 draws behind its series: the window (of the shipped reference its config
+    is, else about a tenth of the run), the reference seeds' range per metric, and the reference's name
+    (``aspo_lit.run_reference.matching_reference``; its testbed must be the run's too)."""
+    from aspo_lit.bands import seed_range
+    from aspo_lit.run_reference import matching_reference
+
+    batches = max((len(steps) for steps, _ in series.values()), default=0)
+    config = log_dir / "config.yaml"
+    ref = matching_reference(config.read_text()) if config.is_file() else None
+    if ref is None or ref.testbed != pl_module.hparams.get("testbed"):
+        return max(1, round(batches / 10)), None, ""
+    return ref.window, {key: seed_range(m.values) for key, m in ref.metrics.items()}, Path(ref.path).stem
+
+
 class RunSummary(Callback):
     """Prints a short report (rank 0) when fit ends or is interrupted, and draws Fig. 2.
 
@@ -138,8 +153,13 @@ class RunSummary(Callback):
         lines += [f"  {k:<16} {_first_last_evaluation(series, k)}" for k in val_keys]
         figures = log_dir / "figures"
         if series:
-            paths = plot_figure2([source], str(figures / "figure2"), labels=[pl_module.hparams.loss_name])
+            window, bands, reference = figure_bands(log_dir, pl_module, series)
+            paths = plot_figure2([source], str(figures / "figure2"), labels=[pl_module.hparams.loss_name],
+                                 window=window, bands=bands, band_label=reference)
             log_figure(trainer, "figures/figure2", paths[0])
+            if bands:
+                lines.append(f"  reference        {reference}: drawn behind figure2.png; python -m aspo_lit compare "
+                             f"{log_dir} --reference {reference}")
         health = log_dir / "health.json"
         if health.exists():
             verdict = json.loads(health.read_text())
