@@ -527,8 +527,8 @@ def demo_fit(tmp_path: Path, name: str, seed: int, *extra: str) -> Path:
 
 @pytest.mark.slow
 def test_demo_reference_passes_held_out_seeds_and_fails_broken_runs(tmp_path, capsys):
-    """The CI check of the shipped demo reference at its own alpha (0.05, whose rate was measured on 40
-    held-out seeds on four CPU settings, docs/compare.md): the first 8 batches of two seeds it was not
+    """The CI check of the shipped demo reference at its own alpha (0.05; on the first two windows 1 of 50
+    held-out seeds under five CPU settings departed, docs/compare.md): the first 8 batches of two seeds it was not
     made from pass; three runs broken on purpose (tests/broken_losses.py, lr x 10) depart."""
     for seed in (1000, 1001):
         run = demo_fit(tmp_path, f"s{seed}", seed)
