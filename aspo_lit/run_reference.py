@@ -70,8 +70,8 @@ REFERENCES = SHIPPED_REFERENCES
 DEFAULT_WINDOWS = 10   # the default window puts the shortest reference run in about this many windows
 #: keys that say how long a run is, not what it trains: a shorter run of a config is compared on its windows
 LENGTH_KEYS = frozenset({"trainer.max_steps", "trainer.max_epochs", "trainer.limit_train_batches"})
-#: diagnostics that only log what the step computed (no random numbers, no state the update reads)
-# diagnostics that read the run and never steer it: their settings (say, the health rules) change no metric
+#: diagnostics that read the run and never steer it (no random numbers, no state the update reads): their
+#: settings (say, the health rules) change no metric
 LOGGING_ONLY_CALLBACKS = ("aspo_lit.callbacks.CounterfactualWeights", "aspo_lit.callbacks.HealthMonitor")
 
 
