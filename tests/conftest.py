@@ -34,6 +34,8 @@ def pytest_configure(config):
     OpenMP threads on two cores, and a fit's spinning threads slowed the other worker's fits ~5x
     (scripts/gpu_check.py: 97 s alone, 489 s beside the other worker). A thread count the user set
     is kept."""
+    config.addinivalue_line("markers", "alone: runs in `make test`'s serial phase, no other test beside it "
+                                       "(tests/test_sharded.py's validation test: see docs/ci.md)")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers < 2:
         return

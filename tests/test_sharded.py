@@ -195,6 +195,7 @@ VAL_SCRIPT = Path(__file__).with_name("sharded_val.py")
 
 @pytest.mark.slow
 @pytest.mark.multiproc
+@pytest.mark.alone  # in two full CI runs, beside the other worker, the FSDP2 run aborted (docs/ci.md)
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
 def test_validation_is_sharded_over_ranks(tiny_model_dir, tmp_path, strategy):
     """Validation on 2 ranks with the real DataModule and transformers engine (tests/sharded_val.py):
