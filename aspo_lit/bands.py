@@ -120,8 +120,6 @@ def prediction_test(score: float, seed_scores: Sequence[float], df: float | None
     normal model's; a reference calibrates a smaller one for heavier tails: :func:`calibrated_df`).
     A reference whose seeds agree exactly (SD 0) passes a score within float32 rounding of them
     (p = 1) and fails any other (p = 0)."""
-    from scipy import stats
-
     x = np.asarray([s for s in seed_scores if math.isfinite(s)], dtype=np.float64)
     if x.size < 2:
         raise ValueError(f"a prediction test needs >= 2 seeds with a score, got {x.size}")
@@ -136,7 +134,7 @@ def prediction_test(score: float, seed_scores: Sequence[float], df: float | None
         return Departure(score, mean, sd, n, 0.0 if inside else math.copysign(math.inf, score - mean),
                          1.0 if inside else 0.0, df)
     t = (score - mean) / spread
-    return Departure(score, mean, sd, n, t, float(2 * stats.t.sf(abs(t), df)), df)
+    return Departure(score, mean, sd, n, t, t_p_value(t, df), df)
 
 
 #: the degrees of freedom :func:`calibrated_df` tries, widest tails last
