@@ -93,12 +93,12 @@ testbed: $(STAMP)
 GPU_PY ?= python
 DEVICE ?= cuda
 gpu-check:
-	$(GPU_PY) scripts/gpu_check.py --device $(DEVICE)
+	$(GPU_PY) -m tools.gpu_check --device $(DEVICE)
 
 # Every shipped paper config on 2 CPU processes, sizes and hardware changed only (conf/rehearsal/cpu.yaml);
 # verdicts in runs/rehearsal/<config>.json.
 rehearse: $(STAMP)
-	$(PY) -m tests.rehearsal.run $(CONFIGS)
+	$(PY) -m tools.rehearsal.run $(CONFIGS)
 
 demo: $(STAMP)
 	$(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml
@@ -133,15 +133,15 @@ study: $(STAMP)
 study-quick: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/quick.yaml
 
-# The study v2 (docs/study-protocol-v2.md): stage 1 (grpo, grpo_no_is, aspo x 5 seeds, ~2 h);
+# The study v2 (docs/studies/study-protocol-v2.md): stage 1 (grpo, grpo_no_is, aspo x 5 seeds, ~2 h);
 # STAGE=2 adds grpo_pos_mean and aspo_no_dual_clip (~1.2 h more). Resumable.
 V2_ALL_LOSSES := '[grpo,grpo_no_is,aspo,grpo_pos_mean,aspo_no_dual_clip]'
 study-v2: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/v2.yaml $(if $(filter 2,$(STAGE)),--losses $(V2_ALL_LOSSES))
 
-# The mechanism check (docs/mechanism-protocol.md): GRPO at lr 5e-5, 1e-4 and 2e-4 and ASPO at 1e-4,
+# The mechanism check (docs/studies/mechanism-protocol.md): GRPO at lr 5e-5, 1e-4 and 2e-4 and ASPO at 1e-4,
 # 20 rollout batches each at study v2's settings, seed 5; ~13 min on an idle 2-core machine. Resumable.
-# the staleness study (docs/staleness-protocol.md): the four arms k = 0, 1, 2, 4 in turn; resumable
+# the staleness study (docs/studies/staleness-protocol.md): the four arms k = 0, 1, 2, 4 in turn; resumable
 study-staleness: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/staleness.yaml
 	$(PY) -m aspo_lit study --config conf/study/staleness.yaml --config conf/study/staleness_k1.yaml
@@ -172,7 +172,7 @@ study-mechanism: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/mechanism.yaml --config conf/study/mechanism_lr2e-4.yaml
 
 bench: $(STAMP)
-	$(PY) perf/bench_losses.py && $(PY) perf/bench_rollout.py
+	$(PY) -m tools.perf.bench_losses && $(PY) -m tools.perf.bench_rollout
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache
@@ -200,7 +200,7 @@ else
 endif
 
 bench-code: $(STAMP)
-	$(PY) perf/bench_code_reward.py
+	$(PY) -m tools.perf.bench_code_reward
 
 # --- out of domain (Table 3) ---------------------------------------------------------------
 # PROFILE=paper (default): evaluate conf/table3.yaml's rows (the Qwen3 math runs) on ARC-Challenge,

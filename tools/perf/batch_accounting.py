@@ -1,15 +1,15 @@
 """Where a rollout batch's wall clock goes: the ``timing/*`` accounting of a fit, part by part.
 
-    python perf/batch_accounting.py --config conf/tiny/aspo.yaml [--torch-threads 1] [--skip-first 1]
+    python -m tools.perf.batch_accounting --config conf/tiny/aspo.yaml [--torch-threads 1] [--skip-first 1]
         [-- <more fit arguments, e.g. --trainer.max_steps=80>]
-    python perf/batch_accounting.py --metrics runs/NAME/version_0/metrics.csv [...]
+    python -m tools.perf.batch_accounting --metrics runs/NAME/version_0/metrics.csv [...]
 
 Runs ``python -m aspo_lit fit`` in this process (or reads a run's ``metrics.csv``) and prints the
 mean over its rollout batches, after the first ``--skip-first``, of ``timing/batch_s`` (the wall
 clock between two batches' statistics) and of the parts that sum to it (`TrainingStats`, through
 `aspo_lit.callbacks.batch_timer`): the DataModule (rollout, reward and weight push inside it), the
 training step (old log-probs and update inside it), each callback, validation, Lightning's loop and
-what no hook covers, each with its share of the batch. ``perf/bench_peer.py`` prints the same table
+what no hook covers, each with its share of the batch. ``tools/perf/bench_peer.py`` prints the same table
 for its aspo-lit runs.
 """
 
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 #: The stages measured inside a part of the accounting (in it, not beside it).
 INSIDE = {"timing/rollout_s": "timing/data_s", "timing/reward_s": "timing/data_s",
@@ -104,6 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     raise SystemExit(main())

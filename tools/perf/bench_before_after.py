@@ -1,7 +1,7 @@
 """This checkout against an earlier one on the same work: seconds per rollout batch, side by side.
 
     git worktree add ../before 52bf3ba          # the code before the performance work
-    python perf/bench_before_after.py --before ../before [--config conf/tiny/aspo_long.yaml]
+    python -m tools.perf.bench_before_after --before ../before [--config conf/tiny/aspo_long.yaml]
         [--batches 6] [--rounds 2] [--variant NAME="ARGS"]... [--out results.json] [-- <fit arguments>]
 
 Each side is one ``python -m aspo_lit fit`` in its own process, from its own checkout
@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STAGES = ("timing/rollout_s", "timing/reward_s", "timing/old_logprob_s", "timing/update_s")
 
 

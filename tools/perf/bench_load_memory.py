@@ -1,7 +1,7 @@
 """Peak host RSS per rank of building the policy and the reference under FSDP2 on 2 CPU processes.
 
-    python perf/bench_load_memory.py                  # a 151M-parameter llama (~600 MB in fp32)
-    python perf/bench_load_memory.py --layers 4       # smaller
+    python -m tools.perf.bench_load_memory                  # a 151M-parameter llama (~600 MB in fp32)
+    python -m tools.perf.bench_load_memory --layers 4       # smaller
 
 Writes a random-init llama checkpoint (fp32) once to `.cache/aspo_lit/bench_load_memory/`, then runs
 `ASPOModule.configure_model` under `FSDP2Strategy(param_dtype="bfloat16")` on 2 CPU processes
@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _peak_rss_mib() -> float:
@@ -33,7 +31,7 @@ def _peak_rss_mib() -> float:
 def build_checkpoint(folder: Path, layers: int) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.conftest import build_char_tokenizer
+    from tools.char_tokenizer import build_char_tokenizer
 
     if (folder / "config.json").is_file():
         return folder
@@ -77,7 +75,7 @@ def main() -> None:
                     Path(args.out).write_text(json.dumps({"fp32_mib": fp32_mib, "ranks": gathered}, indent=1))
             trainer.should_stop = True
 
-    from tests.sharded_fit import FixedRollouts
+    from tools.fixed_rollouts import FixedRollouts
 
     module = ASPOModule(model_name_or_path=str(folder), kl_coef=0.001, mini_batch_size=8, micro_batch_size=2)
     before = _peak_rss_mib()

@@ -1,6 +1,6 @@
 """Summarise a CI log (`CI=true bash .ci/run 2>&1 | tee ci.log`) into the tables of docs/ci.md.
 
-    python scripts/ci_durations.py ci.log            # Markdown on stdout
+    python -m tools.ci_durations ci.log            # Markdown on stdout
 
 It reads pytest's ``--durations`` sections (every phase of every test over `--durations-min`), the
 summary line of each pytest phase of ``make test`` (the parallel one, then the wall-clock-bound

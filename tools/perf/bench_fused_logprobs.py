@@ -1,6 +1,6 @@
 """Response log-probs forward+backward: peak memory and time, HF logits path vs fused linear (CPU, fp32).
 
-    python perf/bench_fused_logprobs.py [--tokens 4096 8192 16384] [--hidden 64] [--chunk-size 1024]
+    python -m tools.perf.bench_fused_logprobs [--tokens 4096 8192 16384] [--hidden 64] [--chunk-size 1024]
 
 A real Qwen2 architecture built from a config (2 layers, hidden 64, the real 151,936-token vocab,
 random init, no network), batch 1, a 16-token prompt and T response tokens. "logits" is the old
@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
 from aspo_lit.forward import response_logprobs, response_logprobs_unfused
 
 VOCAB = 151_936
@@ -99,7 +98,7 @@ def main() -> None:
             if need > 0.9 * available_mib():
                 row[path] = None
                 continue
-            cmd = [sys.executable, __file__, "--case", path, str(tokens), "--hidden", str(args.hidden),
+            cmd = [sys.executable, "-m", "tools.perf.bench_fused_logprobs", "--case", path, str(tokens), "--hidden", str(args.hidden),
                    "--chunk-size", str(args.chunk_size)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             row[path] = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None

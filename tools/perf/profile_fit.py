@@ -1,7 +1,7 @@
 """Where a `fit` spends its wall time, per stage of a rollout batch, sampled with py-spy.
 
     pip install py-spy                      # or the `perf` extra
-    python perf/profile_fit.py --config conf/tiny/grpo.yaml [--batches 10] [--rate 100]
+    python -m tools.perf.profile_fit --config conf/tiny/grpo.yaml [--batches 10] [--rate 100]
         [--torch-threads N] [--keep-raw F | --from-raw F] [--out profile.json] [-- <fit arguments>]
 
 Runs ``python -m aspo_lit fit`` under ``py-spy record --idle`` (idle samples included, so waiting
@@ -30,19 +30,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # (stage, frame substrings). py-spy's frames read "Class.method (package/path.py)" (--nolineno).
 # A sample inside a validation loop or a checkpoint write belongs to it wherever it sits;
 # otherwise the innermost frame that names a stage decides.
 ANYWHERE: list[tuple[str, tuple[str, ...]]] = [
-    ("validation", ("_EvaluationLoop.", "RLDataModule.evaluate")),
+    ("validation", ("_EvaluationLoop.", "RolloutController.evaluate")),
     ("checkpoint", ("ModelCheckpoint.", "Trainer.save_checkpoint")),
 ]
 INNERMOST: list[tuple[str, tuple[str, ...]]] = [
     ("reward", ("Reward.batch", "_grade_in_processes", "GradingPool.")),
     ("generate", ("Engine.generate (aspo_lit/rollout",)),
-    ("rollout: pack/advantages", ("RLDataModule.rollout", "on_after_batch_transfer")),
+    ("rollout: pack/advantages", ("RolloutController.rollout", "on_after_batch_transfer")),
     ("old log-probs", ("ASPOModule._pre_update_pass",)),
     ("update", ("ASPOModule.training_step",)),
     ("logging", ("LightningModule.log", "_LoggerConnector.", "CSVLogger.", "ExperimentWriter.", "_ResultCollection.")),

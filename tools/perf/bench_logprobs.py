@@ -1,6 +1,6 @@
 """Log-prob + entropy from logits: peak extra memory and time, chunked vs naive (CPU, fp32).
 
-    python perf/bench_logprobs.py [--tokens 8192] [--vocab 151936] [--chunk-size 1024]
+    python -m tools.perf.bench_logprobs [--tokens 8192] [--vocab 151936] [--chunk-size 1024]
 
 Each variant runs in a fresh subprocess that first allocates the ``[1, tokens, vocab]`` fp32
 logits (8192 × 151,936 × 4 B ≈ 4.98 GB), then reads the peak resident set (``ru_maxrss``) before
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
 from aspo_lit.logprobs import logprobs_and_entropy
 
 
@@ -82,7 +81,7 @@ def main() -> None:
           f"chunk_size={args.chunk_size} threads={torch.get_num_threads()}")
     results = {}
     for variant in ("chunked", "naive"):
-        cmd = [sys.executable, __file__, "--variant", variant, "--tokens", str(args.tokens),
+        cmd = [sys.executable, "-m", "tools.perf.bench_logprobs", "--variant", variant, "--tokens", str(args.tokens),
                "--vocab", str(args.vocab), "--chunk-size", str(args.chunk_size)]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         results[variant] = json.loads(out.strip().splitlines()[-1])

@@ -1,6 +1,6 @@
 """Fixed-size vs token-budget micro-batches: padding fraction and update time (CPU, fp32).
 
-    python perf/bench_microbatch.py [--rows 64] [--cap 2048] [--prompt 128] [--sigma 1.0] [--seed 0] [--repeats 2]
+    python -m tools.perf.bench_microbatch [--rows 64] [--cap 2048] [--prompt 128] [--sigma 1.0] [--seed 0] [--repeats 2]
 
 One rollout batch laid out as training sees it: ``rows`` rows of ``[left-padded prompt | right-
 padded response]``, prompt width ``prompt`` (real prompt lengths uniform in [prompt/2, prompt]),
@@ -25,13 +25,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
 from aspo_lit.forward import response_logprobs
 from aspo_lit.microbatch import padding_fraction, token_budget_micro_batches, trim_to_micro_batch
 

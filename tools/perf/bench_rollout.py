@@ -1,6 +1,6 @@
 """Rollout-engine throughput and weight-sync time on a tiny model.
 
-    python perf/bench_rollout.py [--model DIR] [--engines hf,vllm] [--prompts 8 --n 8
+    python -m tools.perf.bench_rollout [--model DIR] [--engines hf,vllm] [--prompts 8 --n 8
         --max-tokens 64] [--repeats 3] [--syncs 5] [--in-process] [--torch-threads N]
         [--out results.json]
 
@@ -22,16 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 
 def _random_testbed_shaped_model(out: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.conftest import build_char_tokenizer
+    from tools.char_tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     cfg = LlamaConfig(
@@ -143,7 +139,7 @@ def main(argv=None) -> int:
                 if not vllm_available():
                     print("vllm: skipped (import vllm fails)", flush=True)
                     continue
-                from aspo_lit.rollout import VLLMEngine
+                from aspo_lit.rollout.vllm import VLLMEngine
 
                 engine = VLLMEngine(kv_cache_gb=1, in_process=args.in_process)  # "auto": fp32 checkpoint
                 name = "vllm (in-process)" if args.in_process else "vllm"

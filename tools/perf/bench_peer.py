@@ -1,7 +1,7 @@
 """aspo-lit against TRL's GRPOTrainer on the same work: seconds per rollout batch, and their ratio.
 
     pip install -e ".[perf]"        # TRL (the `perf` extra; never needed by `make test`)
-    python perf/bench_peer.py [--shapes demo,long] [--rounds 3] [--lengths 10 30]
+    python -m tools.perf.bench_peer [--shapes demo,long] [--rounds 3] [--lengths 10 30]
         [--long-lengths 2 6] [--checkpoint off|config] [--default-kv-cache] [--torch-threads N]
         [--kernels native,default,avx2,mkl-avx2] [--out results.json]
 
@@ -90,12 +90,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from lightning.pytorch.callbacks import Callback
 
-from batch_accounting import stage_means  # noqa: E402 (perf/ is the script's folder on sys.path)
-from lightning.pytorch.callbacks import Callback  # noqa: E402
+from tools.perf.batch_accounting import stage_means
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +196,7 @@ def load_work(shape: Shape) -> Work:
         raise ValueError("batch_size must be a multiple of mini_batch_size")
     return Work(
         model_dir=resolve_model_path(model["model_name_or_path"]),
-        rows=datamodule.load_train_rows(),
+        rows=datamodule.task.rows("train"),
         batch_size=hp.batch_size, group_size=hp.group_size, mini_batch_size=model["mini_batch_size"],
         max_prompt_length=hp.max_prompt_length, max_response_length=hp.max_response_length,
         temperature=hp.temperature, top_p=hp.top_p, seed=int(cfg.get("seed_everything", 0)),
@@ -435,8 +434,8 @@ def print_table(summary: list[dict[str, Any]]) -> None:
 
 
 def print_accounting(summary: list[dict[str, Any]]) -> None:
-    """Per shape, aspo-lit's whole batch by what spent it, one column per round (perf/batch_accounting.py)."""
-    from batch_accounting import accounting_table  # the script's folder, perf/, is on sys.path
+    """Per shape, aspo-lit's whole batch by what spent it, one column per round (tools/perf/batch_accounting.py)."""
+    from tools.perf.batch_accounting import accounting_table
 
     for res in summary:
         print(f"\n[{res['shape']}] aspo-lit's batch (long runs, after the first batch), s (share of timing/batch_s)\n")
@@ -466,7 +465,7 @@ def run_kernels(names: list[str], argv: list[str], out: str | None) -> int:
                 env.pop(key, None)  # a setting from the caller's shell would leak into the others
             print(f"\n== kernels: {name} {' '.join(f'{k}={v}' for k, v in KERNELS[name].items()) or '(as the machine picks)'}",
                   flush=True)
-            code = subprocess.call([sys.executable, __file__, *argv, "--kernels", "native", "--out", str(path)],
+            code = subprocess.call([sys.executable, "-m", "tools.perf.bench_peer", *argv, "--kernels", "native", "--out", str(path)],
                                    env=env)
             if code != 0:
                 print(f"bench_peer: the run under kernels {name} failed ({code})", file=sys.stderr)

@@ -1,6 +1,6 @@
 """Seconds per rollout batch at ``data.max_staleness`` k = 0, 1, 2, side by side in one run.
 
-    python perf/bench_staleness.py [--config conf/tiny/aspo.yaml] [--ks 0 1 2] [--rounds 2]
+    python -m tools.perf.bench_staleness [--config conf/tiny/aspo.yaml] [--ks 0 1 2] [--rounds 2]
         [--lengths 3 9] [--out results.json]
 
 k = 0 is the synchronous loop (the trainer's process generates, with its one torch thread); k >= 1
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def updates_per_batch(config: str) -> int:

@@ -1,6 +1,6 @@
 """RehearsalProbe: records what a rehearsal of a shipped config checks, from inside the run.
 
-Added to a run with `--trainer.callbacks+=tests.rehearsal.probe.RehearsalProbe`. Per rank it writes
+Added to a run with `--trainer.callbacks+=tools.rehearsal.probe.RehearsalProbe`. Per rank it writes
 to `out_dir`:
 
 * `rollouts/step{k}_rank{r}.pt`: the rollout batch this rank trained on (for the 1-process replay);
@@ -171,7 +171,7 @@ class RehearsalProbe(Callback):
 
     def _check_engine(self, trainer, pl_module) -> None:
         """After the push this rollout batch was sampled with: engine checksum vs the trainer's."""
-        engine = getattr(trainer.datamodule, "engine", None)
+        engine = trainer.datamodule.controller.engine
         if engine is None or not hasattr(engine, "weights_checksum"):
             return
         from aspo_lit.rollout.checksum import checksum_of, weights_match
@@ -186,11 +186,10 @@ class RehearsalProbe(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.rss_mib["after_configure_model"] = self._peak_rss_mib()
         self._record_is_weights(pl_module)
-        # the rollout engine's calls (RLDataModule._generate: the engine's start on the first
+        # the rollout engine's calls (RolloutController._generate: the engine's start on the first
         # rollout, the weight push, the generation; nested, each back to its caller's phase after)
-        for method, phase in (("_generate", "generate"), ("_ensure_engine", "attach"), ("_sync_weights", "push")):
-            if hasattr(trainer.datamodule, method):
-                self._in_phase(trainer.datamodule, method, phase)
+        for method, phase in (("_generate", "generate"), ("ensure_engine", "attach"), ("sync_weights", "push")):
+            self._in_phase(trainer.datamodule.controller, method, phase)
         self.phases.enter("rollout")   # the first batch's push, generation and reward come next
 
     def _in_phase(self, obj, method: str, phase: str) -> None:

@@ -1,6 +1,6 @@
 """The sampler/trainer mismatch for each pair of engine dtype and trainer compute dtype, on the testbed.
 
-    python perf/dtype_mismatch.py [--model testbed] [--prompts 16 --n 8 --max-tokens 64] [--seed 0]
+    python -m tools.perf.dtype_mismatch [--model testbed] [--prompts 16 --n 8 --max-tokens 64] [--seed 0]
 
 The engine is `HFEngine` on its own copy of the policy loaded in the engine dtype (its KV-cached
 decode loop, as a rollout samples); the trainer is `aspo_lit.forward.response_logprobs` (the
@@ -19,13 +19,7 @@ Prints a Markdown table (docs/gpu.md, "fp16 compute").
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 DTYPES = ("float32", "bfloat16", "float16")
 

