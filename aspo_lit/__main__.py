@@ -15,7 +15,7 @@
 function turned into a parser by jsonargparse (the parser LightningCLI itself is built on), so
 `--config FILE` (YAML), `--print_config` and `--help` work the same everywhere. A command is named
 here by its import path and imported only when run: `study` lives in the `experiments` package,
-which the library itself never imports.
+which the library itself never imports and the wheel does not carry (run it from a checkout's root).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ class Tool:
     target: str                    # "module:function"
     help: str
     config: str | None = None      # the YAML read when no --config is given (relative to the cwd)
-    defaults: dict[str, Any] = field(default_factory=dict)
+    # what the command's name decides (a table command's `table`): a --config or flag saying otherwise is an error
+    fixed: dict[str, Any] = field(default_factory=dict)
     positional: bool = False       # required parameters as positional arguments
     variadic: bool = False         # the first (list) parameter takes every word before the first option
 
@@ -40,11 +41,11 @@ TOOLS: dict[str, Tool] = {
     "evaluate": Tool("aspo_lit.eval.evaluate:evaluate",
                      "avg@K / pass@K of a model on the math, code or multiple-choice benchmarks"),
     "table1": Tool("aspo_lit.eval.table_commands:table", "evaluate conf/table1.yaml's rows, Table 1 beside the paper",
-                   "conf/table1.yaml", {"table": "table1"}),
+                   "conf/table1.yaml", fixed={"table": "table1"}),
     "table2": Tool("aspo_lit.eval.table_commands:table", "evaluate conf/table2.yaml's rows (LiveCodeBench), Table 2 beside the paper",
-                   "conf/table2.yaml", {"table": "table2"}),
+                   "conf/table2.yaml", fixed={"table": "table2"}),
     "table3": Tool("aspo_lit.eval.table_commands:table", "evaluate conf/table3.yaml's rows (ARC-Challenge, GPQA-Diamond, "
-                   "MMLU-Pro), Table 3 beside the paper", "conf/table3.yaml", {"table": "table3"}),
+                   "MMLU-Pro), Table 3 beside the paper", "conf/table3.yaml", fixed={"table": "table3"}),
     "figure2": Tool("aspo_lit.figures:figure2", "overlay the paper's Figure 2 panels for several runs", positional=True),
     "study": Tool("experiments.study:study", "the pre-registered CPU-scale study of the paper's training dynamics"),
     "reference": Tool("aspo_lit.compare:reference", "per-window bands (mean, SD, SE over seeds) of one config's runs",
@@ -62,6 +63,9 @@ def resolve(target: str):
     try:
         return getattr(importlib.import_module(module), name)
     except ModuleNotFoundError as err:
+        if err.name == "experiments":
+            raise SystemExit(f"`{target}` is in the repository's experiments/ folder, not in the installed "
+                             "package: run it from a checkout's root (python -m aspo_lit ...)") from err
         if err.name in STUDY_EXTRA:
             raise SystemExit(f"`{target}` needs {err.name!r}, one of the study's libraries: "
                              "pip install 'aspo-lit[study]' (make setup installs it)") from err
@@ -90,9 +94,15 @@ def run_tool(name: str, argv: list[str]) -> int:
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of these arguments (later files win)")
     params = inspect.signature(fn).parameters
     parser.add_function_arguments(fn, as_group=False, as_positional=tool.positional, skip={"config_files"})
-    if tool.defaults:
-        parser.set_defaults(tool.defaults)
+    if tool.fixed:
+        parser.set_defaults(tool.fixed)
     cfg = parser.parse_args(gather_leading_words(argv) if tool.variadic else argv)
+    for key, value in tool.fixed.items():   # one name per command: `table1 --config conf/table2.yaml` is an error
+        given = cfg.get(key)
+        if given != value:
+            hint = f": python -m aspo_lit {given}" if given in TOOLS else ""
+            parser.error(f"{key}: {given!r} contradicts the command: `{name}` is {key} {value!r} "
+                         f"(each {key} has its own command{hint})")
     kwargs = {key: cfg[key] for key in params if key in cfg}
     if "config_files" in params:
         files = [*(cfg.get("__default_config__") or []), *(cfg.get("config") or [])]

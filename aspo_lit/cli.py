@@ -32,17 +32,20 @@ from typing import Any
 
 import yaml
 from jsonargparse import DefaultHelpFormatter
+from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
 from aspo_lit.callbacks import GracefulInterrupt, TrainingStats
+from aspo_lit.configs import check_moved_class_paths
 from aspo_lit.fp16 import check_precision, check_weights_dtype
-from aspo_lit.module import ASPOModule, rows_per_minibatch
+from aspo_lit.module import ASPOModule
+from aspo_lit.rollout_stage.settings import check_group_size, prompts_per_rank
 from aspo_lit.sampler_mismatch import check_truncated_support
 from aspo_lit.settings import check_positive_int
 from aspo_lit.step import updates_per_rollout
-from data_modules.math import RLDataModule, check_group_size, prompts_per_rank
+from aspo_lit.update_plan import rows_per_minibatch
 
 # Expected here, not actionable: the checkpoint is meant to hold the state after a completed step
 # (manual optimisation), and the frozen reference policy is in eval mode on purpose.
@@ -183,11 +186,21 @@ def expand_base_configs(argv: list[str]) -> list[str]:
         elif word.startswith("--config="):
             value, i = word.split("=", 1)[1], i + 1
         else:
+            try:
+                check_moved_class_paths(word, "argument")
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
             out.append(word)
             i += 1
             continue
         path = Path(value)
         chain = _with_bases(path) if path.is_file() else [value]
+        for item in chain:
+            if Path(item).is_file():
+                try:
+                    check_moved_class_paths(Path(item).read_text(errors="replace"), str(item))
+                except ValueError as err:
+                    raise ConfigError(str(err)) from err
         # a base already given earlier is not re-applied (it would undo the files in between)
         chain = [item for item in chain[:-1] if Path(item).resolve() not in applied] + chain[-1:]
         applied.update(Path(item).resolve() for item in chain)
@@ -210,7 +223,7 @@ class ASPOCLI(LightningCLI):
             args = expand_base_configs(list(args))
         super().__init__(
             ASPOModule,
-            RLDataModule,
+            LightningDataModule,
             subclass_mode_data=True,
             args=args,
             parser_kwargs=parser_kwargs,

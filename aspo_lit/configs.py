@@ -66,3 +66,26 @@ def shipped_reference(name: str, folder: Path = SHIPPED_REFERENCES) -> Path | No
     if path.suffix == "" and len(path.parts) == 1 and (folder / f"{name}.json").is_file():
         return folder / f"{name}.json"
     return None
+
+
+#: Class paths that moved, old -> new. A config naming an old one stops with the new name (no
+#: alias: one name per class).
+MOVED_CLASS_PATHS = {
+    "data_modules.math.MathRLDataModule": "data_modules.math.RLDataModule",
+    "aspo_lit.rollout.VLLMEngine": "aspo_lit.rollout.vllm.VLLMEngine",
+    **{f"data_modules.{module}.": f"aspo_lit.data.{module}." for module in ("filters", "mixture", "sources", "fields",
+                                                                           "code_layouts")},
+}
+
+
+def check_moved_class_paths(text: str, where: str) -> None:
+    """Raise `ValueError` naming `where` and the new class path when `text` (a config file's or an
+    argument's) names a class path that moved."""
+    for old, new in MOVED_CLASS_PATHS.items():
+        at = text.find(old)
+        if at >= 0:
+            end = at + len(old)
+            while end < len(text) and (text[end].isalnum() or text[end] in "._"):
+                end += 1
+            name = text[at:end]
+            raise ValueError(f"{where}: {name!r} has moved: name {new + name[len(old):]!r} instead")

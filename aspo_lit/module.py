@@ -5,7 +5,8 @@ without grad, then `ppo_epochs` x mini-batches (`mini_batch_size` prompts over a
 paper's 64/16, taken as consecutive response slices) x token-budget micro-batches with gradient
 accumulation under one global normaliser. The policy loss is any `PolicyLoss` (docs/design.md
 "Losses"); the KL term is eq. 1's `-beta * D_KL`. It returns a `StepOutput` for the callbacks
-(docs/design.md "Step diagnostics").
+(docs/design.md "Step diagnostics"). The row plan and the update's bookkeeping (what it starts
+from, what it leaves) are `aspo_lit.update_plan`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from aspo_lit.forward import (
-    PromptStates,
     distinct_prompts,
     encode_prompts,
     prompt_backward_term,
@@ -44,13 +44,14 @@ from aspo_lit.metrics import AvgAtK, PassAtK
 from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
 from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_and_broadcast, shard_decoder_layers
 from aspo_lit.rollout.batch import RolloutBatch
-from aspo_lit.sampler_mismatch import check_truncated_support, mismatch_stats, truncated_is_weights
+from aspo_lit.sampler_mismatch import check_truncated_support, truncated_is_weights
 from aspo_lit.seeding import derived_seed, run_seed
 from aspo_lit.settings import check_choice, check_positive_int, choices
-from aspo_lit.stats import Stat, StatAccumulator
+from aspo_lit.stats import Stat
 from aspo_lit.step import StepOutput
 from aspo_lit.testbed.shipped import describe as describe_testbed
 from aspo_lit.testbed.shipped import identity as testbed_identity
+from aspo_lit.update_plan import EncodedPrompts, PreUpdate, UpdateRecord, epoch_minibatches, rows_per_minibatch
 
 # The settings with a fixed set of values (LightningCLI rejects any other, naming the key; `_validate_hparams`
 # does for a module built in Python). kl_kind: `aspo_lit.losses.KLKind`, verl's names next to Schulman's.
@@ -61,32 +62,6 @@ OLD_LOGPROBS = choices(OldLogprobs)
 
 class NonFiniteTrainingError(RuntimeError):
     """Raised after `max_nonfinite_steps` consecutive optimizer steps with a non-finite loss or grad norm."""
-
-
-def minibatch_rows(num_rows: int, rows_per_minibatch: int, generator: torch.Generator | None = None) -> list[Tensor]:
-    """This rank's response rows split into mini-batches of `rows_per_minibatch` consecutive rows.
-
-    As verl's actor (and the authors' code built on it): the rollout batch's prompts are already in
-    random order, and each optimizer step takes the next slice. With contiguous slices, rank r's
-    j-th slice is exactly its share of the global j-th slice, so the optimizer steps do not depend
-    on the number of processes. A `generator` shuffles the rows first (standard PPO; then the
-    steps do depend on the world size).
-    """
-    order = torch.randperm(num_rows, generator=generator) if generator is not None else torch.arange(num_rows)
-    return [order[i : i + rows_per_minibatch] for i in range(0, num_rows, rows_per_minibatch)]
-
-
-def rows_per_minibatch(mini_batch_size: int, group_size: int, world_size: int) -> int:
-    """Responses per rank per optimizer step: `mini_batch_size` prompts x G responses over all ranks.
-
-    Counted in responses, as verl does (`ppo_mini_batch_size * n // world_size`), so a mini-batch of
-    16 prompts works on 32 GPUs (8 responses each) without changing its size.
-    """
-    rows = mini_batch_size * group_size
-    if rows % world_size:
-        raise ValueError(f"model.mini_batch_size={mini_batch_size} prompts x data.group_size={group_size} = {rows} "
-                         f"responses cannot be split evenly over {world_size} processes")
-    return rows // world_size
 
 
 @dataclass(frozen=True)
@@ -173,13 +148,6 @@ class ASPOModule(ReferenceHolder, LightningModule):
             tokens (docs/performance.md). Unsharded policies only (refused under FSDP2), and
             not with ``gradient_checkpointing``.
     """
-
-    #: the first mini-batch's old log-probs and entropy come from its own update forward (exact:
-    #: the pre-update pass computes those rows in the same micro-batches); off only to check that
-    reuse_first_update_forward: bool = True
-    #: the update's record (and the entropy it needs) is made in the last epoch only, where it
-    #: stays (exact: the loss never reads it); off only to check that
-    record_last_epoch_only: bool = True
 
     def __init__(
         self,
@@ -334,7 +302,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
     # --- the step ---------------------------------------------------------------------------
 
     def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch, rows: Tensor, with_entropy: bool,
-                  prompts: "EncodedPrompts | None" = None):
+                  prompts: EncodedPrompts | None = None):
         """`[len(rows), T]` log-probs (and entropy) of `rows`, computed at the rows' own width: the
         columns past their longest response are zeros (they are padding, masked out). With
         `prompts` (`share_prompt`), only the response columns run, against the encoded prompts."""
@@ -354,7 +322,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
         return logprobs, entropy
 
     @torch.no_grad()
-    def _pre_update_pass(self, batch: RolloutBatch, first_epoch: list[Tensor]) -> "PreUpdate":
+    def _pre_update_pass(self, batch: RolloutBatch, first_epoch: list[Tensor]) -> PreUpdate:
         """Old log-probs (recomputed by the training policy, as the paper's eq. 1 ratio needs, or
         the sampler's: ``old_logprobs``), their entropy, and the reference log-probs.
 
@@ -373,9 +341,8 @@ class ASPOModule(ReferenceHolder, LightningModule):
             pre.pending_entropy[:] = True
             pre.trainer_rows[first_epoch[0]] = True
             pre.trainer_logprobs = torch.zeros_like(pre.old_logprobs)
-        elif self.reuse_first_update_forward:
-            pre.pending_old[first_epoch[0]] = True
-            pre.pending_entropy[first_epoch[0]] = True
+        else:
+            pre.leave_to_first_update(first_epoch[0])
         was_training = self.policy.training
         self.policy.eval()
         everything = torch.arange(shape[0], device=device)
@@ -394,7 +361,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
         self.policy.train(was_training)
         return pre
 
-    def _encode_prompts(self, model: torch.nn.Module, batch: RolloutBatch, rows: Tensor) -> "EncodedPrompts | None":
+    def _encode_prompts(self, model: torch.nn.Module, batch: RolloutBatch, rows: Tensor) -> EncodedPrompts | None:
         """The distinct prompts of ``rows`` through ``model`` once (`share_prompt`; with the grad when
         enabled), or None (row-by-row forwards: the option is off, or no two rows share a prompt)."""
         if not self.hparams.share_prompt or batch.group_size < 2:
@@ -470,7 +437,8 @@ class ASPOModule(ReferenceHolder, LightningModule):
         t0 = time.perf_counter()
         record = UpdateRecord.before_update(pre.old_logprobs, pre.entropy, self.stat_reductions)
         for i, rows in enumerate(minibatches):
-            self._update_minibatch(optimizer, batch, rows, pre, record, last_epoch=i >= len(minibatches) - per_epoch)
+            self._update_minibatch(optimizer, batch, rows, pre, record,
+                                   make_record=UpdateRecord.made_at(i, per_epoch, self.hparams.ppo_epochs))
         scheduler.step()  # once per rollout batch: warm-up is counted in rollout batches
         t_update = time.perf_counter() - t0
 
@@ -502,18 +470,18 @@ class ASPOModule(ReferenceHolder, LightningModule):
         if self.hparams.shuffle_mini_batches:
             generator = torch.Generator().manual_seed(derived_seed(self.seed, self.global_step, batch_idx))
         device = batch.input_ids.device
-        return [rows.to(device) for _ in range(self.hparams.ppo_epochs)
-                for rows in minibatch_rows(batch.input_ids.shape[0], rows_per_step, generator)]
+        return [rows.to(device) for rows in epoch_minibatches(batch.input_ids.shape[0], rows_per_step,
+                                                              self.hparams.ppo_epochs, generator)]
 
-    def _update_minibatch(self, optimizer, batch: RolloutBatch, rows: Tensor, pre: "PreUpdate",
-                          record: "UpdateRecord", last_epoch: bool = True) -> None:
+    def _update_minibatch(self, optimizer, batch: RolloutBatch, rows: Tensor, pre: PreUpdate,
+                          record: UpdateRecord, make_record: bool = True) -> None:
         """One optimizer step on mini-batch ``rows``: forward/backward of each micro-batch, clip, step.
 
         What the step reports of the update (`UpdateRecord`: each token's log-prob, entropy, ratio
-        and weight at its last update) is recorded in the last epoch only, and the update forward
-        computes the entropy only where it is read: there, and on the rows' first visit when it is
-        π_old's (`PreUpdate.fill_from_update`). The log-probs and the loss do not depend on
-        either, bit for bit."""
+        and weight at its last update) is recorded in the last epoch only (``make_record``:
+        `UpdateRecord.made_at`), and the update forward computes the entropy only where it is read:
+        there, and on the rows' first visit when it is π_old's (`PreUpdate.fill_from_update`). The
+        log-probs and the loss do not depend on either, bit for bit."""
         mask = batch.response_mask.float()
         old_logprobs, entropy, ref_logprobs = pre.old_logprobs, pre.entropy, pre.ref_logprobs
         normalizer = self._global_normalizer(mask[rows])
@@ -521,8 +489,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
         prompts = self._encode_prompts(self.policy, batch, rows)  # with grad: its backward runs after the loop
         leaves = None if prompts is None else EncodedPrompts(prompts.states.leaves(), prompts.slot)
         for micro in self._micro_batches(batch, rows):
-            record_now = last_epoch or not self.record_last_epoch_only
-            with_entropy = record_now or bool(pre.pending_entropy[micro].any())
+            with_entropy = make_record or bool(pre.pending_entropy[micro].any())
             logprobs, updated_entropy = self._logprobs(self.policy, batch, micro, with_entropy=with_entropy,
                                                        prompts=leaves)
             pre.fill_from_update(micro, logprobs.detach(), updated_entropy, record)
@@ -541,7 +508,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
             minibatch_loss += float(policy_loss)
             finite &= bool(torch.isfinite(loss.detach()))
             record.stats.add_all({_metric_name(name, "train"): stat for name, stat in stats.items()})
-            if record_now:
+            if make_record:
                 record.at_last_update(micro, logprobs.detach(), updated_entropy,
                                       self.loss_fn.ratio(logprobs, old_logprobs[micro], mask[micro]),
                                       effective_token_weight(self.loss_fn, logprobs.detach(), old_logprobs[micro],
@@ -556,7 +523,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
         record.stats.add("train/grad_norm", Stat.mean(grad_norm, weight=float(stepped)))
         record.skipped_steps += int(not stepped)
 
-    def _step_output(self, batch: RolloutBatch, pre: "PreUpdate", record: "UpdateRecord",
+    def _step_output(self, batch: RolloutBatch, pre: PreUpdate, record: UpdateRecord,
                      counts: dict[str, Stat], timings: dict[str, float]) -> StepOutput:
         mask = batch.response_mask.float()
         old_logprobs, entropy = pre.old_logprobs, pre.entropy
@@ -697,86 +664,6 @@ class ASPOModule(ReferenceHolder, LightningModule):
             self.policy.save_pretrained(out_dir, state_dict=state)
             self.tokenizer.save_pretrained(out_dir)
         return out_dir
-
-
-@dataclass
-class EncodedPrompts:
-    """Prompts encoded once for a set of rows (`share_prompt`): their `PromptStates` and each row's
-    entry in them (``slot[row]``, -1 for rows not encoded)."""
-
-    states: PromptStates
-    slot: Tensor  # [N] long
-
-
-@dataclass
-class PreUpdate:
-    """What the update starts from: π_old's log-probs and entropy, the reference log-probs, and
-    which rows' old log-probs (``pending_old``) or entropy (``pending_entropy``) are left to the
-    first update forward that computes them (`ASPOModule._pre_update_pass`). With the sampler's
-    old log-probs, ``trainer_logprobs`` keeps the trainer's own on the ``trainer_rows`` (the first
-    mini-batch's, where π_θ = π_old), for ``rollout/*``."""
-
-    old_logprobs: Tensor
-    entropy: Tensor
-    ref_logprobs: Tensor | None
-    pending_old: Tensor  # [N] bool
-    pending_entropy: Tensor  # [N] bool
-    trainer_rows: Tensor  # [N] bool
-    trainer_logprobs: Tensor | None = None
-
-    @classmethod
-    def empty(cls, shape: tuple[int, int], device, with_ref: bool) -> "PreUpdate":
-        zeros = lambda: torch.zeros(shape, dtype=torch.float32, device=device)  # noqa: E731
-        flags = lambda: torch.zeros(shape[0], dtype=torch.bool, device=device)  # noqa: E731
-        return cls(zeros(), zeros(), zeros() if with_ref else None, flags(), flags(), flags())
-
-    def fill_from_update(self, rows: Tensor, logprobs: Tensor, entropy: Tensor, record: "UpdateRecord") -> None:
-        """Take the pending old log-probs / entropy of ``rows`` from this update forward (their first
-        visit, before the optimizer step that follows it)."""
-        if bool(self.pending_old[rows].any()):
-            self.old_logprobs[rows] = logprobs
-            record.logprobs[rows] = logprobs
-            self.pending_old[rows] = False
-        if bool(self.pending_entropy[rows].any()):
-            self.entropy[rows] = entropy
-            record.entropy[rows] = entropy
-            self.pending_entropy[rows] = False
-            if self.trainer_logprobs is not None and bool(self.trainer_rows[rows].all()):
-                self.trainer_logprobs[rows] = logprobs
-
-    def mismatch_stats(self, batch: RolloutBatch, mask: Tensor) -> dict[str, Stat]:
-        """``rollout/*``: the sampler's log-probs against the trainer's π_old, on every response
-        token, or (old log-probs from the sampler) on the first mini-batch's only."""
-        if self.trainer_logprobs is None:
-            return mismatch_stats(self.old_logprobs, batch.rollout_logprobs, mask, batch.top_p)
-        return mismatch_stats(self.trainer_logprobs, batch.rollout_logprobs, mask * self.trainer_rows[:, None],
-                              batch.top_p)
-
-
-@dataclass
-class UpdateRecord:
-    """What the update leaves: each token's log-prob, ratio, entropy and effective weight at its
-    last update (`StepOutput`), and the pieces of the step's statistics."""
-
-    logprobs: Tensor
-    ratio: Tensor
-    entropy: Tensor
-    token_weight: Tensor
-    stats: StatAccumulator
-    skipped_steps: int = 0
-
-    @classmethod
-    def before_update(cls, old_logprobs: Tensor, entropy: Tensor, stat_reductions: dict[str, str]) -> "UpdateRecord":
-        """A token no update reached (a skipped micro-batch) keeps π_old: ratio 1, weight 0."""
-        return cls(old_logprobs.detach().clone(), torch.ones_like(old_logprobs), entropy.detach().clone(),
-                   torch.zeros_like(old_logprobs), StatAccumulator(stat_reductions))
-
-    def at_last_update(self, rows: Tensor, logprobs: Tensor, entropy: Tensor, ratio: Tensor,
-                       token_weight: Tensor) -> None:
-        self.logprobs[rows] = logprobs
-        self.entropy[rows] = entropy
-        self.ratio[rows] = ratio
-        self.token_weight[rows] = token_weight
 
 
 def _metric_name(key: str, prefix: str) -> str:

@@ -2,179 +2,28 @@
 
 The paper's code runs (§7, Appendix B) train on DeepCoder, CodeContests and CodeForces problems
 with the same recipe as math (16 samples at T = 1.0), graded by running the program on the
-problem's tests (``aspo_lit.rewards.CodeReward``: 1 iff every test passes). Prompts are
-LiveCodeBench's generic code-generation template (``aspo_lit.prompts``), with the LeetCode
-starter code for functional problems.
-
-Rows come from a local JSONL/JSON/parquet file or folder, or an HF hub dataset id
-(``datasets.load_dataset``). Accepted layouts, normalized to ``{id, problem, starter_code,
-answer}`` where ``answer`` is the test spec string of ``aspo_lit.rewards.code.code_gold``:
-
-* the normalized one (``problem``, ``starter_code``, ``tests: [{input, output, type}]``,
-  ``fn_name``, optional ``time_limit_s`` / ``memory_limit_bytes``);
-* LiveCodeBench's (``question_content``, ``starter_code``, ``public_test_cases`` and
-  ``private_test_cases`` as JSON — the private ones possibly base64/zlib/pickle-encoded, decoded
-  here by an unpickler that refuses every global —, ``metadata: {"func_name"}``);
-* DeepCoder's (``problem``, ``tests`` as a JSON string: a list of ``{input, output, testtype,
-  metadata: {func_name}}``, or ``{"inputs": [...], "outputs": [...], "fn_name"?}``).
-
-A row without a statement or usable tests stops the run naming the file and line
-(``on_bad_row: error``) or is skipped, counted and logged (``skip``).
+problem's tests (`aspo_lit.tasks.code.CodeTask`; rows as `aspo_lit.data.code_rows` reads them).
 """
 
 from __future__ import annotations
 
-import base64
-import io
-import json
-import os
-import pickle
-import re
-import zlib
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any
 
-from aspo_lit.prompts import encode_code_prompt
-from aspo_lit.rewards.code import code_gold
+from aspo_lit.data.mixture import Source
 from aspo_lit.settings import check_choice
-from data_modules.code_layouts import LAYOUTS, layout_row
-from data_modules.fields import MISSING, mapped, problem_text
+from aspo_lit.tasks.code import CodeTask, Sandbox
 from data_modules.math import RLDataModule
-from data_modules.mixture import Source
-from data_modules.sources import BadRowError, RowReport, collect_rows
 
 DEFAULT_TRAIN = "agentica-org/DeepCoder-Preview-Dataset:lcbv5"  # the paper's code RL data (its LiveCodeBench part)
-Sandbox = Literal["bwrap", "rlimit"]
-_DEF = re.compile(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
-
-
-class _NoGlobals(pickle.Unpickler):
-    """Unpickles plain data only: any class or function reference is refused."""
-
-    def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-
-
-def _json_or_encoded(value: Any) -> Any:
-    """A test list stored as JSON, or LiveCodeBench's base64(zlib(pickle(JSON string)))."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        pass
-    try:
-        decoded = _NoGlobals(io.BytesIO(zlib.decompress(base64.b64decode(value.encode())))).load()
-        return json.loads(decoded) if isinstance(decoded, (str, bytes)) else decoded
-    except Exception as err:   # noqa: BLE001 - any decoding failure is a bad row
-        raise ValueError(f"tests are neither JSON nor LiveCodeBench-encoded ({type(err).__name__})") from None
-
-
-def _tests_of(raw: Mapping[str, Any]) -> tuple[list[dict], str | None]:
-    """(tests [{input, output}], fn_name from the tests' metadata) of a raw row."""
-    fn_name = None
-    if "tests" in raw and raw["tests"] is not None:
-        tests = _json_or_encoded(raw["tests"])
-        parts = [tests]
-    else:
-        parts = [_json_or_encoded(raw.get(k)) for k in ("public_test_cases", "private_test_cases")
-                 if raw.get(k) not in (None, "", [])]
-    out: list[dict] = []
-    for part in parts:
-        if isinstance(part, Mapping) and "functional" in part and "inputs" not in part:
-            raise ValueError("assert-style tests (a 'functional' check script) cannot be graded by "
-                             "CodeReward, which compares outputs")
-        if isinstance(part, Mapping) and "inputs" in part:   # {"inputs": [...], "outputs": [...]}
-            fn_name = part.get("fn_name") or fn_name
-            for i, o in zip(part["inputs"], part.get("outputs") or []):
-                if fn_name and isinstance(i, list):   # call-based: one JSON argument per line
-                    i = "\n".join(json.dumps(a) for a in i)
-                    o = json.dumps(o[0] if isinstance(o, list) and len(o) == 1 else o)
-                out.append({"input": i, "output": o})
-            continue
-        if not isinstance(part, list):
-            raise ValueError("'tests' must be a list of {input, output} objects")
-        for t in part:
-            if not isinstance(t, Mapping):
-                raise ValueError("every test must be an object with 'input' and 'output'")
-            meta = _mapping(t.get("metadata"))
-            if meta and meta.get("func_name"):
-                fn_name = meta["func_name"]
-            out.append({"input": t.get("input"), "output": t.get("output"),
-                        "type": t.get("type") or t.get("testtype")})
-    return out, fn_name
-
-
-def _mapping(value: Any) -> Mapping | None:
-    """A metadata field as a mapping: given as an object or as a JSON string (LiveCodeBench); else None."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return None
-    return value if isinstance(value, Mapping) else None
-
-
-def normalize_code_row(raw: Any, where: str, problem_key: str = "problem") -> dict[str, Any]:
-    """One raw row → ``{id, problem, starter_code, fn_name, num_tests, answer}``; raises
-    ``BadRowError`` naming ``where`` when it is unusable."""
-    if not isinstance(raw, Mapping):
-        raise BadRowError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-    problem = raw.get(problem_key)
-    if problem is None and problem_key == "problem":
-        problem = raw.get("question_content") or raw.get("question")
-    if not isinstance(problem, str) or not problem.strip():
-        raise BadRowError(f"{where}: field {problem_key!r} is missing or not a non-empty string")
-    try:
-        tests, meta_fn = _tests_of(raw)
-    except (ValueError, TypeError) as err:
-        raise BadRowError(f"{where}: {err}") from None
-    if not tests:
-        raise BadRowError(f"{where}: no tests")
-    for i, t in enumerate(tests):
-        if not isinstance(t.get("input"), str) or not isinstance(t.get("output"), str):
-            raise BadRowError(f"{where}: test {i} needs string 'input' and 'output'")
-    starter = raw.get("starter_code") or ""
-    metadata = _mapping(raw.get("metadata"))
-    fn_name = raw.get("fn_name") or (metadata.get("func_name") if metadata else None) \
-        or meta_fn
-    kinds = {t.get("type") for t in tests} - {None, "stdin_stdout"}
-    if "functional" in kinds and not fn_name and starter:
-        names = _DEF.findall(starter)
-        fn_name = names[-1] if names else None
-    if "functional" in kinds and not fn_name:
-        raise BadRowError(f"{where}: functional tests but no fn_name")
-    if fn_name and (not isinstance(fn_name, str) or not fn_name.isidentifier()):
-        raise BadRowError(f"{where}: fn_name {fn_name!r} is not an identifier")
-    if "stdin" in kinds and fn_name and "functional" not in kinds:
-        fn_name = None   # stdin tests graded on stdout, whatever the metadata says
-    row = {"tests": tests, "fn_name": fn_name,
-           "time_limit_s": raw.get("time_limit_s"), "memory_limit_bytes": raw.get("memory_limit_bytes")}
-    return {"id": str(raw.get("id") or raw.get("question_id") or where), "problem": problem,
-            "starter_code": starter, "fn_name": fn_name, "num_tests": len(tests),
-            "answer": code_gold(row)}
-
-
-def load_code_rows(source: str, split: str = "train", on_bad_row: str = "error",
-                   problem_key: str = "problem") -> tuple[list[dict[str, Any]], RowReport]:
-    """Validated code rows of a file, folder or hub dataset (see the module docstring)."""
-    rows, report = collect_rows(source, split, on_bad_row, lambda raw, where: normalize_code_row(raw, where, problem_key))
-    if not rows:
-        raise BadRowError(f"{source}: no usable code rows")
-    seen = set()
-    for row in rows:
-        if row["id"] in seen:
-            raise BadRowError(f"{source}: duplicate problem id {row['id']!r}")
-        seen.add(row["id"])
-    return rows, report
 
 
 class CodeRLDataModule(RLDataModule):
     """`RLDataModule` for code: LiveCodeBench-style prompts, sandboxed execution reward.
 
     Args:
-        train_files, val_files: a list of `data_modules.mixture.Source` (each with its layout,
+        train_files, val_files: a list of `aspo_lit.data.mixture.Source` (each with its layout,
             field mapping and filters; CodeContests and CodeForces rows by ``layout``,
-            `data_modules.code_layouts`), or a local file/folder or HF hub id of code problems (any
+            `aspo_lit.data.code_layouts`), or a local file/folder or HF hub id of code problems (any
             layout of the module docstring), several joined with ``+``.
         sandbox: ``bwrap`` (default) or ``rlimit`` (explicit opt-in to rlimit-only isolation).
         reward_timeout_s: wall-clock limit per test (LiveCodeBench / DeepCoder: 6 s); CodeContests
@@ -214,71 +63,9 @@ class CodeRLDataModule(RLDataModule):
                             system_prompt=system_prompt,
                             enable_thinking=enable_thinking, hub_split=hub_split)
 
-    # --- data -----------------------------------------------------------------------------
-
-    def sources(self, spec: str | os.PathLike | Sequence[Source]) -> list[Source]:
-        """The sources of a ``train_files`` / ``val_files`` value (a string: ``+``-joined parts)."""
-        if isinstance(spec, (str, os.PathLike)):
-            hp = self.hparams
-            return [Source(path=part.strip(), split=hp.hub_split, fields={"problem": hp.problem_key})
-                    for part in os.fspath(spec).split("+")]
-        sources = [s if isinstance(s, Source) else Source(**s) for s in spec]
-        for source in sources:
-            if source.layout not in LAYOUTS:
-                raise ValueError(f"source {source.tag!r}: layout must be one of {LAYOUTS}, got {source.layout!r}")
-        return sources
-
-    def normalize_answers(self, rows, split):
-        """A code row's answer is its test spec: nothing to rewrite."""
-        return rows, {}
-
-    def convert_row(self, raw: Mapping[str, Any], source: Source, where: str, staged: bool) -> dict[str, Any]:
-        """One upstream row as a normalized code row (``normalize_code_row``)."""
-        if staged:
-            return normalize_code_row(raw, where)
-        if source.layout != "fields":
-            view = layout_row(raw, source.layout, where, source.fields.get("tests"))
-            problem_path = "description"
-        else:
-            view = dict(raw)
-            for ours in source.fields:
-                value, _ = mapped(raw, ours, source.fields, source.json_fields, where)
-                view[ours] = None if value is MISSING else value
-            problem_path = source.fields.get("problem", "problem")
-            if view.get("problem") is None and problem_path == "problem":   # LiveCodeBench's own names
-                view["problem"] = raw.get("question_content") or raw.get("question")
-        view["problem"] = problem_text(view.get("problem", MISSING), where, problem_path, source.template)
-        return normalize_code_row(view, where)
-
-    def encode_row(self, row: dict[str, Any]) -> list[int]:
-        """The LiveCodeBench prompt (with the starter code of a functional problem), tokenized."""
+    def build_task(self) -> CodeTask:
         hp = self.hparams
-        return encode_code_prompt(row["problem"], row.get("starter_code"), self.policy_handle.tokenizer,
-                                  hp.prompt_template, hp.enable_thinking, hp.system_prompt)
-
-    # --- reward ---------------------------------------------------------------------------
-
-    @property
-    def reward(self):
-        if self._reward is None:
-            from aspo_lit.rewards.code import CodeReward
-
-            hp = self.hparams
-            self._reward = CodeReward(sandbox=hp.sandbox, timeout_s=hp.reward_timeout_s,
-                                      memory_limit_mb=hp.reward_memory_mb, num_workers=hp.reward_workers,
-                                      max_tests=hp.reward_max_tests,
-                                      batch_timeout_s=hp.reward_batch_timeout_s)
-        return self._reward
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage == "fit":   # a missing sandbox stops the run before any rollout, in one line
-            sandbox = getattr(self.reward, "sandbox_ready", None)
-            if sandbox is not None:
-                sandbox()
-
-    def teardown(self, stage: str) -> None:
-        super().teardown(stage)
-        if self._reward is not None and hasattr(self._reward, "close"):
-            self._reward.close()
-
+        return CodeTask(self.data_sources["train"], self.data_sources["val"], hp.problem_key, hp.dedup,
+                        hp.on_bad_row, hp.prompt_template, self._reward, hp.hub_split, hp.enable_thinking,
+                        hp.system_prompt, hp.sandbox, hp.reward_timeout_s, hp.reward_memory_mb, hp.reward_workers,
+                        hp.reward_max_tests, hp.reward_batch_timeout_s)

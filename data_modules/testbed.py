@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from aspo_lit.testbed import tiny_code
-from aspo_lit.testbed.arithmetic import LEVELS, generate_problems
-from aspo_lit.testbed.multistep import generate_chain_problems
+from aspo_lit.tasks.testbed import ArithmeticTask, ChainTask, TinyCodeTask
+from aspo_lit.testbed.arithmetic import LEVELS
 from data_modules.code import CodeRLDataModule
 from data_modules.math import RLDataModule
 
@@ -29,15 +28,10 @@ class ArithmeticRLDataModule(RLDataModule):
         super().__init__(**kwargs)
         self.hparams.update(num_train=num_train, num_val=num_val, levels=list(levels), data_seed=data_seed)
 
-    def load_train_rows(self) -> list[dict[str, Any]]:
+    def build_task(self) -> ArithmeticTask:
         hp = self.hparams
-        return generate_problems(hp.num_train, seed=hp.data_seed, levels=hp.levels, split="train")
-
-    def load_val_rows(self) -> list[dict[str, Any]] | None:
-        hp = self.hparams
-        if hp.num_val <= 0:
-            return None
-        return generate_problems(hp.num_val, seed=hp.data_seed, levels=hp.levels, split="heldout")
+        return ArithmeticTask(hp.num_train, hp.num_val, hp.levels, hp.data_seed,
+                              prompt_template=hp.prompt_template, reward=self._reward)
 
 
 class ChainRLDataModule(RLDataModule):
@@ -60,15 +54,10 @@ class ChainRLDataModule(RLDataModule):
         self.hparams.update(num_train=num_train, num_val=num_val, ops=list(ops), max_value=max_value,
                             data_seed=data_seed)
 
-    def _rows(self, n: int, split: str) -> list[dict[str, Any]]:
+    def build_task(self) -> ChainTask:
         hp = self.hparams
-        return generate_chain_problems(n, seed=hp.data_seed, ops=hp.ops, split=split, max_value=hp.max_value)
-
-    def load_train_rows(self) -> list[dict[str, Any]]:
-        return self._rows(self.hparams.num_train, "train")
-
-    def load_val_rows(self) -> list[dict[str, Any]] | None:
-        return self._rows(self.hparams.num_val, "heldout") if self.hparams.num_val > 0 else None
+        return ChainTask(hp.num_train, hp.num_val, hp.ops, hp.max_value, hp.data_seed,
+                         prompt_template=hp.prompt_template, reward=self._reward)
 
 
 class TinyCodeRLDataModule(CodeRLDataModule):
@@ -86,10 +75,12 @@ class TinyCodeRLDataModule(CodeRLDataModule):
         super().__init__(**kwargs)
         self.hparams.update(num_train=num_train, num_val=num_val, data_seed=data_seed)
 
-    def load_train_rows(self) -> list[dict[str, Any]]:
-        return tiny_code.generate_problems(self.hparams.num_train, self.hparams.data_seed, "train")
-
-    def load_val_rows(self) -> list[dict[str, Any]] | None:
-        if self.hparams.num_val <= 0:
-            return None
-        return tiny_code.generate_problems(self.hparams.num_val, self.hparams.data_seed, "heldout")
+    def build_task(self) -> TinyCodeTask:
+        hp = self.hparams
+        return TinyCodeTask(hp.num_train, hp.num_val, hp.data_seed, problem_key=hp.problem_key, dedup=hp.dedup,
+                            on_bad_row=hp.on_bad_row, prompt_template=hp.prompt_template, reward=self._reward,
+                            hub_split=hp.hub_split, enable_thinking=hp.enable_thinking,
+                            system_prompt=hp.system_prompt, sandbox=hp.sandbox,
+                            reward_timeout_s=hp.reward_timeout_s, reward_memory_mb=hp.reward_memory_mb,
+                            reward_workers=hp.reward_workers, reward_max_tests=hp.reward_max_tests,
+                            reward_batch_timeout_s=hp.reward_batch_timeout_s)

@@ -1,5 +1,5 @@
-"""The study's pre-registered claims and their decision rule (docs/study-protocol.md; v2:
-docs/study-protocol-v2.md, the same rule).
+"""The study's pre-registered claims and their decision rule (docs/studies/study-protocol.md; v2:
+docs/studies/study-protocol-v2.md, the same rule).
 
 Per seed, the *final* value of a claim's metric (the mean over the last ``tail_fraction`` of the
 logged training steps, the last held-out evaluation for accuracy, the maximum over the run for

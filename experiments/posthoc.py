@@ -16,7 +16,7 @@ per claim line, from the same per-seed values:
 
 The values come from the study's page itself (its table "Per-seed values entering the verdicts"
 and the per-run regime table: the numbers as printed, 3 significant figures), so the analysis can
-be redone from the committed page: ``python -m experiments.posthoc docs/study-v2.md``. The section
+be redone from the committed page: ``python -m experiments.posthoc docs/studies/study-v2.md``. The section
 is written at the end of the page under :data:`HEADING`, followed by the study's hand-written
 post-hoc notes (``<figures dir>/posthoc-notes.md``), and replaced on every run.
 """
@@ -268,7 +268,7 @@ def write_section(page: Path, notes: Path | None = None) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.posthoc", description=__doc__.split("\n\n")[0])
-    parser.add_argument("page", type=Path, help="a study page, e.g. docs/study-v2.md")
+    parser.add_argument("page", type=Path, help="a study page, e.g. docs/studies/study-v2.md")
     parser.add_argument("--notes", type=Path, default=None,
                         help="hand-written post-hoc notes appended to the section (default: <page stem>/posthoc-notes.md)")
     args = parser.parse_args(argv)

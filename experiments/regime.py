@@ -5,7 +5,7 @@
 The paper's GRPO runs *learn* (Fig. 2, App. D): held-out accuracy rises, then plateaus or peaks;
 entropy declines; the positive-advantage tokens' mean IS ratio sits above the negative ones'
 (Fig. 3). A comparison of losses speaks to the paper only among runs with those dynamics, so the
-study protocol v2 (docs/study-protocol-v2.md) first finds a regime whose GRPO runs have them.
+study protocol v2 (docs/studies/study-protocol-v2.md) first finds a regime whose GRPO runs have them.
 For each run folder (a ``fit`` logged by ``CSVLogger``; ``version_*`` folders of a resumed run are
 merged) this prints, from its ``metrics.csv``:
 

@@ -1,6 +1,6 @@
 """The study's page and its figures, rendered from :class:`experiments.results.Results`.
 
-The Markdown page (docs/study.md, docs/study-v2.md): the verdicts of the claims
+The Markdown page (docs/studies/study.md, docs/studies/study-v2.md): the verdicts of the claims
 (``experiments.claims``), every run's regime properties (``experiments.regime``: did it learn,
 plateau, lose entropy?), the dynamics, accuracy, budget and runs tables. Its figures: the Fig.
 2-style overlays (mean ± std over seeds), the Fig. 4 token-weight surfaces of seed 0 of GRPO and
@@ -291,7 +291,7 @@ def regime_lines(results: Results) -> list[str]:
 
 def profile_lines(results: Results) -> list[str]:
     """The profile's measured properties, from the runs themselves, beside the targets it was
-    designed to (``docs/testbed-long.md``; a study's own criteria are in its protocol)."""
+    designed to (``docs/studies/testbed-long.md``; a study's own criteria are in its protocol)."""
     first = results.by_seed({"entropy": ("train/entropy", "first"), "length": ("response/length_mean", "first")})
     entropy = first["entropy"].dropna()
     if entropy.empty:
@@ -302,7 +302,7 @@ def profile_lines(results: Results) -> list[str]:
                           "max `clip/pos_high` per seed": peaks.iloc[:, 0].to_numpy(),
                           "runs reaching 5 %": peaks.iloc[:, 1].to_numpy()})
     return [f"Profile properties measured in these runs, beside the design targets of `testbed-long` "
-            f"(docs/testbed-long.md): the first rollout batch's mean token entropy "
+            f"(docs/studies/testbed-long.md): the first rollout batch's mean token entropy "
             f"(`train/entropy`) {mean_std(entropy)} nats (design target ≥ 0.5), its mean "
             f"response length {mean_std(first['length'])} tokens (target 80–300) "
             f"over {len(entropy)} runs. The share of A > 0 tokens with r > 1 + ε "
@@ -527,7 +527,7 @@ def regime_section(results: Results, figures: Mapping[str, Path]) -> list[str]:
                         "ratio gap": fmt(float(np.mean([r.ratio_gap for r in regimes]))),
                         "plateau": f"{sum(r.plateau for r in regimes)}/{len(regimes)}"})
     return ["## The regime, per run (`python -m experiments.regime`)", "",
-            "Did each run show the paper's GRPO dynamics (the properties of docs/study-protocol-v2.md)? "
+            "Did each run show the paper's GRPO dynamics (the properties of docs/studies/study-protocol-v2.md)? "
             "Measured on every finished run: the best held-out evaluation minus the untrained model's (same seed), "
             "the mean entropy of the first minus the last 20 % of rollout batches, the mean of "
             "`ratio/pos_mean - ratio/neg_mean`, and whether the last evaluation is at most 1 point "

@@ -1,5 +1,5 @@
 """The study's report: collect the runs' results, judge the pre-registered claims, draw the
-figures and write the page (docs/study-protocol.md; v2: docs/study-protocol-v2.md).
+figures and write the page (docs/studies/study-protocol.md; v2: docs/studies/study-protocol-v2.md).
 
 The pieces: :mod:`experiments.results` (the runs' metrics in a DataFrame), :mod:`experiments.claims`
 (the claims and the 2 x pooled-SE decision rule), :mod:`experiments.render` (the figures and the
@@ -11,41 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.claims import CLAIMS, Claim, Verdict, judge, pooled_se, verdict, welch_p  # noqa: F401
-
-# Beside what write_report uses, the names this module held before the split (scripts import them from here).
+from experiments.claims import judge
 from experiments.posthoc import write_section
-from experiments.render import (  # noqa: F401
-    DYNAMICS,
-    LABELS,
-    MECHANISM_PANELS,
-    PAPER_TABLE4_AVG,
-    SECTIONS,
-    STUDY_PANELS,
-    UNSMOOTHED,
-    copy_fig4,
-    fmt,
-    label,
-    markdown,
-    mean_std,
-    plot_overlays,
-    render_report,
-    seed_band,
-    show_path,
-    slashed,
-)
-from experiments.results import (  # noqa: F401
-    ACCURACY,
-    COLUMNS,
-    Results,
-    collect,
-    head_mean,
-    read_run,
-    run_statistics,
-    saved_config,
-    tail_mean,
-    version_dirs,
-)
+from experiments.render import MECHANISM_PANELS, copy_fig4, plot_overlays, render_report
+from experiments.results import collect
 
 if TYPE_CHECKING:
     from experiments.study import Study

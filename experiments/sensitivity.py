@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from aspo_lit.rollout_stage.controller import RolloutController
 from data_modules.testbed import ArithmeticRLDataModule
 from experiments.seeds import run_seeds
 
@@ -61,18 +62,27 @@ class FlippedRewardArithmetic(ArithmeticRLDataModule):
         super().__init__(**kwargs)
         if not 0.0 <= flip_share <= 1.0:
             raise ValueError(f"flip_share must be in [0, 1], got {flip_share}")
-        self.flip_share = float(flip_share)
+        c = self.controller
+        self.controller = FlippingController(float(flip_share), c.settings, c.engine_spec, c.grader, c.policy, c.seed)
+
+
+class FlippingController(RolloutController):
+    """Grades training rollouts with a share of the rewards flipped (validation is graded as shipped)."""
+
+    def __init__(self, flip_share: float, *args: Any) -> None:
+        super().__init__(*args)
+        self.flip_share = flip_share
         self._flips: torch.Generator | None = None
 
-    def _grade(self, records, completions):
+    def grade(self, records, completions):
         if self._flips is None:
             self._flips = torch.Generator().manual_seed(self.seed + 7919)
-        shipped = self.reward
-        self._reward = FlippedReward(shipped, self.flip_share, self._flips)
+        grader, flipped = self.grader, FlippedReward(self.grader(), self.flip_share, self._flips)
+        self.grader = lambda: flipped
         try:
-            return super()._grade(records, completions)
+            return super().grade(records, completions)
         finally:
-            self._reward = shipped
+            self.grader = grader
 
 
 class FlippedReward:

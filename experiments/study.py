@@ -6,8 +6,8 @@ Trains every ``(loss, seed)`` of a study YAML with identical data, seeds and bud
 ``python -m aspo_lit fit`` subprocess each, run as a submitit job: locally at most ``jobs`` at a
 time with ``cores // jobs`` threads each, or as a SLURM job array), validates the untrained
 testbed once per seed with the same held-out settings (the "initial model" row), then writes the
-report of :mod:`experiments.report` (``docs/study.md`` + PNG figures beside it; the protocol it
-applies: docs/study-protocol.md).
+report of :mod:`experiments.report` (``docs/studies/study.md`` + PNG figures beside it; the protocol it
+applies: docs/studies/study-protocol.md).
 
 Study YAML keys (paths in ``base_config`` are relative to the study file, the others to the
 working directory)::
@@ -22,7 +22,7 @@ working directory)::
     out_dir: runs/study           # runs, logs, markers, submitit's job files
     jobs: 2                       # runs at a time (SLURM: the array's parallelism)
     threads: null                 # threads per run (default cpu_count // jobs; SLURM: cpus_per_task)
-    report: docs/study.md         # figures go to <report without .md>/
+    report: docs/studies/study.md # figures go to <report without .md>/
     tail_fraction: 0.2            # "final" train metric = mean over the last 20% of logged steps
     smooth: 0.6                   # EMA weight of the plotted curves (display only)
     base_eval: true               # validate the untrained model once per seed
@@ -240,12 +240,12 @@ RUN_OPTIONS = ("report_only", "dry_run", "config_files")
 def study(name: str = "study", description: str = "", base_config: str | list[str] | None = None,
           losses: list[str] = ["grpo", "grpo_no_is", "grpo_pos_mean", "aspo", "aspo_no_dual_clip"],  # noqa: B006
           seeds: list[int] = [0, 1, 2], max_steps: int = 80, overrides: list[str] | None = None,  # noqa: B006
-          out_dir: str = "runs/study", jobs: int = 2, threads: int | None = None, report: str = "docs/study.md",
+          out_dir: str = "runs/study", jobs: int = 2, threads: int | None = None, report: str = "docs/studies/study.md",
           tail_fraction: float = 0.2, smooth: float = 0.6, base_eval: bool = True,
           executor: Literal["local", "slurm"] = "local", slurm: dict[str, Any] | None = None,
           timeout_min: int = 1440, report_only: bool = False, dry_run: bool = False,
           config_files: list[str] | None = None) -> int:
-    """The pre-registered CPU-scale study of the paper's training dynamics (docs/study-protocol.md).
+    """The pre-registered CPU-scale study of the paper's training dynamics (docs/studies/study-protocol.md).
 
     Args:
         name: a label for the report.

@@ -3,22 +3,20 @@
 checkpoint's and ``generate`` refuses to run; after the push the checksums match and its samples'
 log-probs are the policy's. Prints one JSON line with what it saw.
 
-    python -m torch.distributed.run --nproc_per_node 1 tests/colocated_first_push.py MODEL_DIR
+    python -m torch.distributed.run --nproc_per_node 1 -m tests.colocated_first_push MODEL_DIR
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from aspo_lit.rollout import SamplingConfig, VLLMEngine
+from aspo_lit.rollout import SamplingConfig
 from aspo_lit.rollout.checksum import checksum_of, weights_match
+from aspo_lit.rollout.vllm import VLLMEngine
 from tests.test_rollout import policy_logprob_gap
 
 

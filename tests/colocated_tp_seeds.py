@@ -4,20 +4,18 @@ must sample with one seed (its leader's), else the sharded model is fed two diff
 Prints, per rank, the engine's effective all-reduce + RMSNorm fusion setting (off at TP > 1) and the
 mean |vLLM log-prob - transformers log-prob| of its samples.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/colocated_tp_seeds.py MODEL_DIR
+    python -m torch.distributed.run --nproc_per_node 2 -m tests.colocated_tp_seeds MODEL_DIR
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from aspo_lit.rollout import SamplingConfig, VLLMEngine
+from aspo_lit.rollout import SamplingConfig
+from aspo_lit.rollout.vllm import VLLMEngine
 from tests.test_rollout import policy_logprob_gap
 
 

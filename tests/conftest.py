@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.char_tokenizer import build_char_tokenizer
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -32,7 +34,7 @@ def pytest_configure(config):
     (aspo_lit.threads): torch's threads in the worker, and ``OMP_NUM_THREADS`` for the processes its
     tests start. With torch's default (one thread per core in every worker) two workers ran four
     OpenMP threads on two cores, and a fit's spinning threads slowed the other worker's fits ~5x
-    (scripts/gpu_check.py: 97 s alone, 489 s beside the other worker). A thread count the user set
+    (tools/gpu_check.py: 97 s alone, 489 s beside the other worker). A thread count the user set
     is kept."""
     config.addinivalue_line("markers", "alone: runs in `make test`'s serial phase, no other test beside it "
                                        "(tests/test_sharded.py's validation test: see docs/ci.md)")
@@ -50,31 +52,6 @@ def pytest_collection_modifyitems(config, items):
         for marker, modules in MODULE_MARKERS.items():
             if module in modules:
                 item.add_marker(marker)
-
-# 4 special tokens + 60 characters = 64 ids.
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
-CHARS = list("0123456789abcdefghijklmnopqrstuvwxyz .,:;!?+-*/=()[]{}\\^_'\n$")
-
-
-def build_char_tokenizer():
-    """A char-level fast tokenizer (lower-cases its input; unknown chars map to <unk>)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
-    assert len(vocab) == len(SPECIAL_TOKENS) + len(CHARS), "duplicate characters"
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-    )
-
 
 def build_tiny_model_dir(path: Path, *, tie_word_embeddings: bool = False, seed: int = 0,
                          max_position_embeddings: int = 512) -> Path:

@@ -1,9 +1,9 @@
 """Fits of ASPOModule with fp16 compute under FSDP2 (`FSDP2Strategy(param_dtype="float16")`) on the
-fixed rollout batches of tests/sharded_fit.py, on 2 CPU processes over gloo, one after another in
+fixed rollout batches of tools/fixed_rollouts.py, on 2 CPU processes over gloo, one after another in
 the same processes (Lightning launches the second process once, at the first fit).
 
-Run as a script:
-    python tests/fp16_fit.py --model DIR --out result.json --runs '[{"loss_scale": 2**-20}, ...]'
+Run as a module from the repository's root, or with it on PYTHONPATH:
+    python -m tests.fp16_fit --model DIR --out result.json --runs '[{"loss_scale": 2**-20}, ...]'
 Each run is a dict of `Run`'s fields. Writes, from rank 0, for each run and each rank: the
 per-batch grad norm, skipped steps and logged ``train/grad_scale``, and the grad scaler's state
 when training starts (after a resume's restore) and when it ends.
@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from aspo_lit.losses import ASPOLoss
 from aspo_lit.module import ASPOModule
-from tests.sharded_fit import GROUPS, FixedRollouts
+from tools.fixed_rollouts import GROUPS, FixedRollouts
 
 #: the injected overflow: one micro-batch's gradient times 2^20 (its loss unchanged), which the
 #: scale 2^16 takes far past fp16's largest value, 65504

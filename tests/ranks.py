@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
-
-def free_port() -> int:
-    """A TCP port on the loopback that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tools.ports import free_port
 
 
 def _rank_main(rank: int, fn: Callable[[int, int], Any], world_size: int, port: int, queue) -> None:

@@ -1,6 +1,6 @@
 """Interrupt and resume FSDP2 fits with a KL reference, on 2 CPU processes over gloo, one launch:
 the fits run one after another in the same processes (Lightning launches the second process once,
-at the first fit), on the fixed rollout batches of tests/sharded_fit.py.
+at the first fit), on the fixed rollout batches of tools/fixed_rollouts.py.
 
 Fits: ``full``, two rollout batches uninterrupted; ``cut`` and ``cut_full_file``, the first batch,
 each saving its checkpoint (FSDP2's sharded folder; with ``save_distributed_checkpoint=False``, the
@@ -9,8 +9,8 @@ sharded checkpoint rewritten as the older format held it, with the reference's t
 ``ref_policy.*`` (here the base weights + 0.5, so a loaded one would show in train/kl):
 ``resumed_old_format``.
 
-Run as a script:
-    python tests/sharded_resume.py --model DIR --out result.json [--cores 8]
+Run as a module from the repository's root, or with it on PYTHONPATH:
+    python -m tests.sharded_resume --model DIR --out result.json [--cores 8]
 Writes, from rank 0, for each fit and rank: the per-step grad norms and logged diagnostics, the
 weight checksums when training starts (after a resume's restore; the reference's as ``ref.*``) and
 the policy's at the end, and each rank's torch threads; and each checkpoint's module tensors and
@@ -23,19 +23,17 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 from lightning.pytorch import Trainer, seed_everything
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from aspo_lit.callbacks import EntropyMonitor, TrainingStats
 from aspo_lit.models import full_state_dict, load_policy
 from aspo_lit.module import ASPOModule
 from aspo_lit.strategy import FSDP2Strategy
-from tests.sharded_fit import GROUPS, FixedRollouts, Record
+from tests.sharded_fit import Record
+from tools.fixed_rollouts import GROUPS, FixedRollouts
 
 SHIFT = 0.5  # added to the older-format checkpoint's reference tensors
 

@@ -1,8 +1,9 @@
 """Validate an untrained tiny policy with the real `RLDataModule` on 1 or 2 CPU processes (FSDP2 or
 DDP over gloo) and record what each rank's engine decoded.
 
-Run as a script (Lightning re-launches it once per extra process):
-    python tests/sharded_val.py --model DIR --devices 2 --strategy fsdp2 --out result.json
+Run as a module from the repository's root, or with it on PYTHONPATH (Lightning re-launches it
+once per extra process):
+    python -m tests.sharded_val --model DIR --devices 2 --strategy fsdp2 --out result.json
 The transformers engine samples with the policy (under FSDP2 from its shards, in lockstep); a
 sample is graded by a hash of its text, so correctness varies from sample to sample. Writes, from
 rank 0, every rank's engine calls (each prompt's problem id and its samples' grades, the seed) and
@@ -14,16 +15,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import torch.distributed as dist
 from lightning.pytorch import Trainer, seed_everything
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from aspo_lit.module import ASPOModule
 from aspo_lit.rollout.hf import HFEngine
+from aspo_lit.tasks.base import Task
 from data_modules.math import RLDataModule
 from tests.sharded_fit import make_strategy
 
@@ -54,12 +53,17 @@ class RecordingEngine(HFEngine):
         return out
 
 
-class FewProblems(RLDataModule):
+class FewProblemsTask(Task):
     """PROBLEMS held-out problems, distinct prompts; no training data."""
 
-    def load_val_rows(self):
+    def rows(self, split):
         return [{"id": f"p{i}", "problem": f"What is {i} + {i + 2}?", "answer": str(2 * i + 2)}
-                for i in range(PROBLEMS)]
+                for i in range(PROBLEMS)] if split == "val" else None
+
+
+class FewProblems(RLDataModule):
+    def build_task(self):
+        return FewProblemsTask(self.hparams.prompt_template, self._reward)
 
 
 def main() -> None:

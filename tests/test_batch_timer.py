@@ -4,7 +4,6 @@ logs them from a real fit, with a user's own profiler still receiving every acti
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import time
 from pathlib import Path
@@ -18,8 +17,6 @@ from aspo_lit.callbacks import TrainingStats
 from aspo_lit.callbacks.batch_timer import STAGES, BatchTimer, batch_accounting, callback_key
 from tests.test_callbacks import fit, last_logged
 from tests.tolerance import rounding_tol
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class Clock:
@@ -132,10 +129,9 @@ def test_fit_logs_the_whole_batch_and_the_users_profiler_still_profiles(tmp_path
 
 
 def test_accounting_table_reads_a_runs_metrics(tmp_path, capsys):
-    """perf/batch_accounting.py --metrics: the batch, then its parts largest first, each with its share."""
-    spec = importlib.util.spec_from_file_location("batch_accounting", REPO / "perf" / "batch_accounting.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """tools/perf/batch_accounting.py --metrics: the batch, then its parts largest first, each with its share."""
+    from tools.perf import batch_accounting as module
+
     # 0.5 s a batch: the largest part on any machine (a tiny train step takes 20-100 ms, more under load)
     trainer = fit(tmp_path, [TrainingStats(), Sleepy(0.5)], max_steps=3)
     assert module.main(["--metrics", str(next(Path(trainer.log_dir).rglob("metrics.csv")))]) == 0

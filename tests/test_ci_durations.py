@@ -1,14 +1,12 @@
-"""scripts/ci_durations.py turns a CI log into docs/ci.md's tables: per-file sums of the listed phases,
+"""tools/ci_durations.py turns a CI log into docs/ci.md's tables: per-file sums of the listed phases,
 the slowest phases, the numerics reruns, and a clear error on a log that is not one."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ci_durations.py"
+from tools import ci_durations
+
 LOG = """\
 .venv/bin/python -m pytest -q --durations=0 --durations-min=1
 ..........                                                               [100%]
@@ -30,15 +28,7 @@ ci: done in 600 s
 """
 
 
-@pytest.fixture(scope="module")
-def ci_durations():
-    spec = importlib.util.spec_from_file_location("ci_durations", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_tables_sum_each_file_and_list_the_slowest(ci_durations):
+def test_tables_sum_each_file_and_list_the_slowest():
     log = ci_durations.parse(LOG)
     # make test's two pytest phases, not the numerics reruns' summaries
     assert log["phases"] == [("10 passed, 1 skipped, 3 warnings", 400.0), ("4 passed", 50.0)]
@@ -56,6 +46,6 @@ def test_tables_sum_each_file_and_list_the_slowest(ci_durations):
     assert "| 36.1 |" not in slowest  # top=2
 
 
-def test_a_log_without_a_summary_is_refused(ci_durations):
+def test_a_log_without_a_summary_is_refused():
     with pytest.raises(SystemExit, match="no pytest summary line"):
         ci_durations.parse("setup: done\n279.42s call     tests/test_study.py::test_x\n")

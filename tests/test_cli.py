@@ -50,11 +50,11 @@ def test_composition_overrides_base():
 #: Runs documented before the shared prompt and the 2,048-token budget were on in the testbed
 #: configs, and the settings they ran with (their configs pin them; docs/performance.md).
 DOCUMENTED = {
-    "study v1 (docs/study.md)": (("conf/tiny/aspo_long.yaml", "conf/study/testbed_long.yaml"), 16384),
-    "study short (docs/study-short.md)": (("conf/tiny/aspo.yaml", "conf/study/testbed_short.yaml"), 16384),
-    "study v2 (docs/study-v2.md)": (("conf/tiny/aspo_long.yaml", "conf/study/testbed_long_v2.yaml"), 2048),
-    "mechanism (docs/mechanism.md)": (("conf/tiny/aspo_long.yaml", "conf/study/testbed_long_v2.yaml",
-                                       "conf/study/testbed_long_mechanism.yaml"), 2048),
+    "study v1 (docs/studies/study.md)": (("conf/tiny/aspo_long.yaml", "conf/study/testbed_long.yaml"), 16384),
+    "study short (docs/studies/study-short.md)": (("conf/tiny/aspo.yaml", "conf/study/testbed_short.yaml"), 16384),
+    "study v2 (docs/studies/study-v2.md)": (("conf/tiny/aspo_long.yaml", "conf/study/testbed_long_v2.yaml"), 2048),
+    "mechanism (docs/studies/mechanism.md)": (("conf/tiny/aspo_long.yaml", "conf/study/testbed_long_v2.yaml",
+                                               "conf/study/testbed_long_mechanism.yaml"), 2048),
 }
 
 
@@ -177,7 +177,7 @@ def test_parse_errors_name_the_key(override, key, capsys):
 def test_minibatch_arithmetic_of_the_32_gpu_run():
     """Qwen3-30B-A3B ran on 32 GPUs with 16-prompt mini-batches: 8 responses per rank per step."""
     from aspo_lit.cli import check_config
-    from aspo_lit.module import rows_per_minibatch
+    from aspo_lit.update_plan import rows_per_minibatch
 
     assert rows_per_minibatch(16, 16, 32) == 8
     cfg = {"trainer": {"devices": 8, "num_nodes": 4}, "model": {"mini_batch_size": 16},
@@ -225,6 +225,24 @@ def test_table_tools_read_their_config(table, capsys):
     tiny = yaml.safe_load(capsys.readouterr().out)
     assert tiny["table"] == table and tiny["compare_paper"] is False
     assert tiny["out_dir"] == f"runs/tiny/{table}" and tiny["rows"] != paper["rows"]
+
+
+@pytest.mark.parametrize("argv", [["table1", "--config", str(REPO / "conf" / "table2.yaml")],
+                                  ["table2", "--table", "table3"]])
+def test_a_table_has_one_command(argv, capsys):
+    """The command names the table: another table's config or `--table` is an error, not a second name."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"`{argv[0]}` is table '{argv[0]}'" in err
+
+
+@pytest.mark.parametrize("name", ["table", "reproduce-table1", "run_table1"])
+def test_no_alias_table_commands(name, capsys):
+    """Only table1, table2 and table3 run a table: another name is an argparse error."""
+    with pytest.raises(SystemExit) as exit_:
+        main([name, "--config", str(REPO / "conf" / "table1.yaml")])
+    assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
 def test_tool_errors_name_the_field(capsys):
@@ -337,3 +355,27 @@ def test_validation_runs_under_no_grad_in_every_fit(config, capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(REPO / config), "--print_config"])
     assert yaml.safe_load(capsys.readouterr().out)["trainer"]["inference_mode"] is False
+
+
+def test_a_moved_class_path_is_refused_naming_the_new_one(tmp_path):
+    """A config or argument that names a class path from before the rollout stage's split stops
+    with the new name; every new name imports."""
+    import importlib
+
+    from aspo_lit.cli import ConfigError, expand_base_configs
+    from aspo_lit.configs import MOVED_CLASS_PATHS
+
+    old = tmp_path / "old.yaml"
+    old.write_text("data:\n  class_path: data_modules.math.MathRLDataModule\n")
+    with pytest.raises(ConfigError, match=r"old.yaml: 'data_modules.math.MathRLDataModule' has moved: name "
+                                          r"'data_modules.math.RLDataModule'"):
+        expand_base_configs(["--config", str(old)])
+    with pytest.raises(ConfigError, match=r"'aspo_lit.data.filters.FieldIn' instead"):
+        expand_base_configs(["--data.init_args.val_files", '[{"filters": [{"class_path": "data_modules.filters.FieldIn"}]}]'])
+    assert expand_base_configs(["--config", str(REPO / "conf/aspo.yaml")]) == ["--config", str(REPO / "conf/aspo.yaml")]
+    for new in MOVED_CLASS_PATHS.values():
+        module, _, name = new.rstrip(".").rpartition(".")
+        if new.endswith("."):
+            importlib.import_module(new.rstrip("."))
+        else:
+            assert getattr(importlib.import_module(module), name)

@@ -11,10 +11,11 @@ import zlib
 
 import pytest
 
+from aspo_lit.data.code_rows import load_code_rows, normalize_code_row
+from aspo_lit.data.sources import BadRowError
 from aspo_lit.prompts import LCB_FORMAT_WITHOUT_STARTER_CODE, build_code_prompt, lcb_user_message
 from aspo_lit.rewards.code import parse_gold
-from data_modules.code import CodeRLDataModule, load_code_rows, normalize_code_row
-from data_modules.sources import BadRowError
+from data_modules.code import CodeRLDataModule
 
 STDIN_ROW = {"id": "p1", "problem": "Print the sum of two integers.", "starter_code": "",
              "tests": [{"input": "1 2\n", "output": "3\n", "type": "stdin"}], "fn_name": None}
@@ -188,4 +189,4 @@ def test_training_step_graded_by_the_sandbox(tiny_model_dir, tmp_path):
     trainer.fit(module, datamodule=data)
     assert record.rewards and all(sorted(r) == [0.0, 0.0, 1.0, 1.0] for r in record.rewards)
     assert any("question:" in p and "class solution" in p for p in engine.prompts_seen)   # char tokenizer: lower case
-    assert data._reward is not None and data._reward._pool is None   # closed at teardown
+    assert data.task.reward._pool is None   # closed at teardown

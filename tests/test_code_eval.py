@@ -134,13 +134,14 @@ def test_tiny_profile_table2(tmp_path, shared_data_dir):
     GRPO/ASPO rows when the tiny code runs exist, else reported missing."""
     import yaml
 
-    from aspo_lit.eval.evaluate import run_table2
+    from aspo_lit.eval.table_commands import evaluate_table
 
     if not (shared_data_dir / "code" / "lcb_v5.jsonl").is_file():
         pytest.skip("LiveCodeBench files not staged")
     config = yaml.safe_load((REPO / "conf" / "tiny" / "table2.yaml").read_text())
     config["benchmarks"][0]["generate"]["n"] = 16
-    _, rows = run_table2({**config, "out_dir": str(tmp_path), "data_dir": str(shared_data_dir)}, root=REPO)
+    _, rows = evaluate_table({**config, "out_dir": str(tmp_path), "data_dir": str(shared_data_dir)}, root=REPO,
+                             table="table2")
     by_method = {r["method"]: r for r in rows}
     base = by_method["base"]
     assert base["status"] == "ok", base["reason"]
@@ -222,7 +223,7 @@ def test_lcb_loads_from_the_hub_release_files(lcb_hub, tmp_path):
 
 
 def test_lcb_hub_bad_row_names_file_and_line(lcb_hub, tmp_path):
-    from data_modules.sources import BadRowError
+    from aspo_lit.data.sources import BadRowError
 
     rows = (lcb_hub / "test5.jsonl").read_text().splitlines()
     broken = json.loads(rows[1])
@@ -242,7 +243,7 @@ def test_lcb_hub_bad_row_names_file_and_line(lcb_hub, tmp_path):
 def test_table2_from_the_hub_grades_private_tests(lcb_hub, tmp_path, tiny_model_dir):
     """A program right on the public test and wrong on the private ones fails; the table's note
     says what was graded (every test, the per-test limit) instead of the public-tests caveat."""
-    from aspo_lit.eval.evaluate import run_table2
+    from aspo_lit.eval.table_commands import evaluate_table
 
     engine = CodeEngine({"print the sum": ("a, b = map(int, input().split())\nprint(a + b)", "print(3)"),
                          "reverse a list": ("class Solution:\n    def rev(self, a):\n        return a[::-1]",
@@ -252,7 +253,7 @@ def test_table2_from_the_hub_grades_private_tests(lcb_hub, tmp_path, tiny_model_
               "code_reward": {"timeout_s": 2.0, "num_workers": 2},
               "benchmarks": [{"name": "lcb_v5", "k": 2}, {"name": "lcb_v6", "k": 2}],
               "rows": [{"base_model": "tiny", "method": "base", "model": str(tiny_model_dir)}]}
-    markdown, rows = run_table2(config, compare_paper=False)
+    markdown, rows = evaluate_table(config, compare_paper=False, table="table2")
     row = rows[0]
     assert row["status"] == "ok", row["reason"]
     # sample 0 right, sample 1 right on the public test only: 50%, not the 100% public tests give

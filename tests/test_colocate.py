@@ -4,7 +4,7 @@ rollout, sleep mode's calls in order; resume pushes the restored weights; the en
 trainer's RNG streams and thread settings alone.
 
 The 2-rank runs are `python -m aspo_lit fit` on the tiny config with FSDP2 over 2 CPU processes,
-the vLLM engine as the paper configs build it, and `tests.rehearsal.probe.RehearsalProbe`, which
+the vLLM engine as the paper configs build it, and `tools.rehearsal.probe.RehearsalProbe`, which
 compares the engine's weight checksum with the trainer's at the start of every rollout batch (after
 the push it was sampled with)."""
 
@@ -28,12 +28,12 @@ from aspo_lit.rollout import SamplingConfig
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="the vllm package is not installed")]
-PROBE = "tests.rehearsal.probe.RehearsalProbe"
+PROBE = "tools.rehearsal.probe.RehearsalProbe"
 FP32_GAP = 1e-4  # mean |vLLM log-prob - trainer log-prob| with fp32 on both sides (measured ~2e-6)
 
 
 def _fit(testbed: str, out: Path, *extra: str, engine: dict | None = None, devices: int = 2, timeout: int = 900):
-    engine = {"class_path": "aspo_lit.rollout.VLLMEngine",
+    engine = {"class_path": "aspo_lit.rollout.vllm.VLLMEngine",
               "init_args": {"enable_sleep_mode": True, "kv_cache_gb": 1, **(engine or {})}}
     args = [sys.executable, "-m", "aspo_lit", "fit", "--config", str(REPO / "conf/tiny/aspo.yaml"),
             f"--model.model_name_or_path={testbed}", f"--trainer.devices={devices}",
@@ -101,7 +101,7 @@ def test_tensor_parallel_group_samples_with_one_seed(tiny_model_dir):
     The engine's effective config has the all-reduce + RMSNorm fusion off (on GPUs: no FlashInfer
     workspace over the TP group)."""
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           str(REPO / "tests/colocated_tp_seeds.py"), str(tiny_model_dir)], cwd=REPO,
+                           "-m", "tests.colocated_tp_seeds", str(tiny_model_dir)], cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     gaps = [float(line.split()[-1]) for line in proc.stdout.splitlines() if line.startswith("rank ")]
@@ -116,7 +116,7 @@ def test_engine_starts_with_random_weights_until_the_first_push(tiny_model_dir):
     generate, and after the first push holds the checkpoint's weights and samples on-policy.
     (~40 s: one rank under torch.distributed.run.)"""
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
-                           str(REPO / "tests/colocated_first_push.py"), str(tiny_model_dir)], cwd=REPO,
+                           "-m", "tests.colocated_first_push", str(tiny_model_dir)], cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("SEEN "))[5:])
@@ -144,7 +144,7 @@ def test_resume_pushes_the_restored_weights(testbed, tmp_path):
 def engine(testbed):
     from transformers import AutoTokenizer
 
-    from aspo_lit.rollout import VLLMEngine
+    from aspo_lit.rollout.vllm import VLLMEngine
 
     eng = VLLMEngine(kv_cache_gb=1, in_process=True, enable_sleep_mode=True)
     with torch.inference_mode():   # as a validation loop under inference mode would attach it first

@@ -8,10 +8,10 @@ import pytest
 import torch
 from lightning.pytorch import Callback, Trainer
 
+from aspo_lit.data.sources import BadRowError, PromptBatches, load_rows
 from aspo_lit.module import ASPOModule
 from aspo_lit.rollout.hf import HFEngine
-from data_modules.math import MathRLDataModule
-from data_modules.sources import BadRowError, PromptBatches, load_rows
+from data_modules.math import RLDataModule
 from data_modules.testbed import ArithmeticRLDataModule
 
 
@@ -136,7 +136,7 @@ class PrefetchedRollouts(ArithmeticRLDataModule):
 
         def generate_early():
             for records in batches:
-                yield self.rollout(records, seed=next(counter))
+                yield self.controller.rollout(records, seed=next(counter))
 
         return generate_early()
 
@@ -175,11 +175,11 @@ def test_stale_weight_scenario_is_detected(tiny_model_dir, tmp_path):
 
 def test_invalid_datamodule_settings_name_the_key():
     with pytest.raises(ValueError, match="data.group_size"):
-        MathRLDataModule(group_size=1)
+        RLDataModule(group_size=1)
     with pytest.raises(ValueError, match="data.top_p"):
-        MathRLDataModule(top_p=0.0)
+        RLDataModule(top_p=0.0)
     with pytest.raises(ValueError, match="data.adv_norm"):
-        MathRLDataModule(adv_norm="mad")
+        RLDataModule(adv_norm="mad")
 
 
 def test_the_run_seed_is_seed_everythings_and_a_resumed_run_keeps_its_own(tiny_model_dir, monkeypatch):
@@ -215,11 +215,11 @@ def test_bounded_staleness_is_refused_on_gpu_nodes():
 
     from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 
-    from data_modules.math import MathRLDataModule
+    from data_modules.math import RLDataModule
 
     for k, accelerator, refused in ((1, CUDAAccelerator(), True), (0, CUDAAccelerator(), False),
                                     (2, CPUAccelerator(), False)):
-        data = MathRLDataModule(group_size=2, batch_size=4, max_staleness=k)
+        data = RLDataModule(group_size=2, batch_size=4, max_staleness=k)
         data.trainer = SimpleNamespace(world_size=1, accelerator=accelerator)
         if refused:
             with pytest.raises(ValueError, match=r"data.max_staleness=1 runs its engine processes on CPU only.*GPU 0"):

@@ -57,7 +57,7 @@ def test_engine_checksum_adds_its_tp_group_without_a_cpu_tensor_collective(monke
     associated with device type cpu"): the engine adds its TP ranks' partial sums without one."""
     import torch.distributed as dist
 
-    from aspo_lit.rollout import VLLMEngine
+    from aspo_lit.rollout.vllm import VLLMEngine
 
     part = {"sharded": {"plain": 1.0, "projected": 10.0}, "replicated": {"plain": 5.0, "projected": 50.0}}
 
@@ -161,7 +161,7 @@ def test_colocated_engine_reads_the_checkpoint_only_when_nothing_will_push(monke
 
     import torch.distributed as dist
 
-    from aspo_lit.rollout import VLLMEngine
+    from aspo_lit.rollout.vllm import VLLMEngine
 
     seen = {}
 
@@ -195,7 +195,7 @@ def test_tensor_parallel_engines_turn_the_allreduce_fusion_off(monkeypatch):
 
     import torch.distributed as dist
 
-    from aspo_lit.rollout import VLLMEngine
+    from aspo_lit.rollout.vllm import VLLMEngine
 
     seen = {}
 
@@ -235,11 +235,10 @@ def test_the_datamodule_pushes_the_shards_for_the_engine_to_cast_before_their_ga
     bf16 engine casts each before its gather: half the bytes of fp32. Before, the DataModule gathered
     every tensor in fp32 first (aspo_lit.models.named_full_tensors) and the cast-before-gather never
     ran. Fake shards count the bytes their gather moves."""
-    from types import SimpleNamespace
 
     from aspo_lit.module import PolicyHandle
     from aspo_lit.rollout.base import iter_named_tensors
-    from data_modules.math import MathRLDataModule
+    from data_modules.math import RLDataModule
 
     gathered = []
 
@@ -260,11 +259,10 @@ def test_the_datamodule_pushes_the_shards_for_the_engine_to_cast_before_their_ga
         def update_weights(self, named_tensors):
             self.pushed = dict(iter_named_tensors(named_tensors, dtype=torch.bfloat16))   # as VLLMEngine does
 
-    data = MathRLDataModule(group_size=2)
+    data = RLDataModule(group_size=2)
     data.attach_policy(PolicyHandle(tokenizer=None, policy=Policy(), model_path=None, device=torch.device("cpu")))
-    data.trainer = SimpleNamespace(global_step=3)
     engine = Engine()
-    data._sync_weights(engine)
+    data.controller.sync_weights(engine)
     assert gathered == [64 * 32 * 2] and engine.pushed["w"].dtype == torch.bfloat16   # bf16 bytes, not fp32
 
 

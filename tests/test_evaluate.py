@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from aspo_lit.eval.datasets import BENCHMARKS, load_benchmark
-from aspo_lit.eval.evaluate import evaluate_model, export_checkpoint, read_sample_records
+from aspo_lit.eval.evaluate import evaluate_model
+from aspo_lit.eval.records import read_sample_records
 from aspo_lit.eval.reference import (
     PAPER_SOURCE,
     REFERENCES,
@@ -20,6 +21,7 @@ from aspo_lit.eval.reference import (
     verdict,
 )
 from aspo_lit.eval.tables import TABLES, load_paper_table, render_table1
+from aspo_lit.export import export_checkpoint
 from aspo_lit.metrics import avg_at_k_se, pass_at_k_se
 from aspo_lit.prompts import INSTRUCTION, build_prompt
 from tests.engines import FakeEngine
@@ -586,11 +588,11 @@ def test_tiny_profile_table1(tmp_path, shared_data_dir):
     GRPO/ASPO rows from the tiny runs when they exist, else reported missing."""
     import yaml
 
-    from aspo_lit.eval.evaluate import run_table1
+    from aspo_lit.eval.table_commands import evaluate_table
 
     repo = Path(__file__).resolve().parents[1]
     config = yaml.safe_load((repo / "conf" / "tiny" / "table1.yaml").read_text())
-    _, rows = run_table1({**config, "out_dir": str(tmp_path)}, root=repo)
+    _, rows = evaluate_table({**config, "out_dir": str(tmp_path)}, root=repo, table="table1")
     by_method = {r["method"]: r for r in rows}
     base = by_method["base"]
     assert base["status"] == "ok", base["reason"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,7 +78,7 @@ def test_trainer_built_in_python_with_fp16_precision_is_refused(tiny_model_dir):
     from lightning.pytorch import Trainer
 
     from aspo_lit.module import ASPOModule
-    from tests.sharded_fit import FixedRollouts
+    from tools.fixed_rollouts import FixedRollouts
 
     module = ASPOModule(model_name_or_path=str(tiny_model_dir), kl_coef=0.0)
     trainer = Trainer(accelerator="cpu", devices=1, precision="16-true", max_steps=1, logger=False,
@@ -101,7 +102,8 @@ def test_fp16_on_the_gradient_path_needs_the_scaler():
 
 # --- fp16 with the grad scaler, on 2 CPU processes (tests/fp16_fit.py) ---------------------------
 
-SCRIPT = Path(__file__).with_name("fp16_fit.py")
+#: the fits run as a module (`python -m tests.fp16_fit`) in the test's folder, the repository on PYTHONPATH
+SCRIPT = "tests.fp16_fit"
 #: ScaledASPO's factor for the underflow test. A per-logit gradient of this batch's token-mean loss
 #: (fp32, cast to fp16 in the fused head's backward) is at most |A|·(1 - p)/(N/world) < 1.4e-2
 #: (the first batch: |A| <= 1.5, N = 226 response tokens over 2 ranks); times 2^-20 that is
@@ -112,8 +114,9 @@ UNDERFLOW = 2.0 ** -20
 
 def _fits(model_dir, tmp_path, runs, name):
     out = tmp_path / f"{name}.json"
-    cmd = [sys.executable, str(SCRIPT), "--model", str(model_dir), "--runs", json.dumps(runs), "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-m", SCRIPT, "--model", str(model_dir), "--runs", json.dumps(runs), "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 

@@ -20,8 +20,8 @@ from aspo_lit.forward import response_logprobs, response_logprobs_unfused
 from aspo_lit.fused_logprobs import fused_linear_logprobs
 from aspo_lit.rollout.base import Completion
 from aspo_lit.rollout.batch import pack_rollouts, position_ids_from_mask
-from tests.ranks import free_port
 from tests.tolerance import assert_as_accurate, assert_within, gamma, log_softmax_tol, rounding_tol
+from tools.ports import free_port
 
 pytestmark = pytest.mark.numerics
 VOCAB = 50

@@ -19,8 +19,8 @@ NEEDS_VLLM = pytest.mark.skipif(not HAS_VLLM, reason="the vllm package is not in
 
 
 def _gpu_check(*args: str) -> tuple[subprocess.CompletedProcess, dict[str, dict]]:
-    """Run the script on CPU; its result JSON by variant."""
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/gpu_check.py"), "--device", "cpu", *args], cwd=REPO,
+    """Run the check on CPU (`python -m tools.gpu_check`); its result JSON by variant."""
+    proc = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--device", "cpu", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=1200)
     out = proc.stdout
     start = out.rindex("\n[\n")

@@ -250,9 +250,9 @@ def test_defaults_of_training_and_evaluation():
     part of a math benchmark's sample settings (results graded by another rule are not mixed in)."""
     from aspo_lit.eval.datasets import get_benchmark
     from aspo_lit.eval.evaluate import _EvalRun
-    from data_modules.math import MathRLDataModule
+    from data_modules.math import RLDataModule
 
-    assert repr(MathRLDataModule().reward).startswith("MathReward(verifier='either'")
+    assert repr(RLDataModule().task.reward).startswith("MathReward(verifier='either'")
     session = _EvalRun("m", None, "hf", None, "chat", False, None, cache_dir=None)
     assert type(session.reward) is MathReward and session.reward.verifier == "either"
     session = _EvalRun("m", None, "hf", None, "chat", False, {"verifier": "released", "timeout_s": 2},
@@ -272,7 +272,7 @@ def test_hub_golds_are_normalised_too(monkeypatch, caplog):
 
     rows = [{"question": "Q1?", "answer": "1e-3"}, {"question": "Q2?", "answer": "\\frac{1}{2}"}]
     monkeypatch.setattr(datasets, "load_dataset", lambda hub_id, config=None, split=None: rows)
-    with caplog.at_level(logging.INFO, logger="data_modules.sources"):
+    with caplog.at_level(logging.INFO, logger="aspo_lit.data.sources"):
         loaded = load_benchmark("minerva", data_dir="/nonexistent")
     assert [r["answer"] for r in loaded] == ["10^{-3}", "\\frac{1}{2}"]
     assert "math-ai/minervamath: 1 of 2 gold answers rewritten as LaTeX" in caplog.text

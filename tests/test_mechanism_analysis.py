@@ -1,4 +1,4 @@
-"""experiments.mechanism: the mechanism check's analysis (docs/mechanism-protocol.md) on synthetic
+"""experiments.mechanism: the mechanism check's analysis (docs/studies/mechanism-protocol.md) on synthetic
 metrics.csv files whose predictions, projections and decisions are computed by hand below."""
 
 from __future__ import annotations

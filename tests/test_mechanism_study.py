@@ -1,4 +1,4 @@
-"""The mechanism check's study configs (docs/mechanism-protocol.md): the arms `make study-mechanism`
+"""The mechanism check's study configs (docs/studies/mechanism-protocol.md): the arms `make study-mechanism`
 runs, read through the study command's own dry run, and the fit config a run gets (study v2's
 settings, its lr, and `CounterfactualWeights` beside v2's callbacks)."""
 
@@ -70,7 +70,7 @@ def callback_names(config: dict) -> list[str]:
 
 
 #: The first rollout batch of the mechanism check's GRPO lr 1e-4 run (seed 5; `make study-mechanism`,
-#: docs/mechanism.md), as its metrics.csv logged it: drawn by the untrained testbed-long policy, so
+#: docs/studies/mechanism.md), as its metrics.csv logged it: drawn by the untrained testbed-long policy, so
 #: the documented study's starting point. Its config pins the settings it ran with (tests/test_cli.py).
 DOCUMENTED_FIRST_BATCH = {"train/reward_mean": 0.3125, "response/length_mean": 135.265625,
                           "response/length_max": 228.0, "train/entropy": 0.43868327140808105}
@@ -84,7 +84,7 @@ DOCUMENTED_TESTBED_SHA256 = "d9d3241ffa46e986"
 @pytest.mark.e2e
 def test_the_documented_first_batch_reproduces(capsys, tmp_path):
     """One rollout batch of the very command line the study ran (its lr 1e-4 GRPO arm) gives the
-    first-batch numbers docs/mechanism.md was made from: the same prompts, the same responses (their
+    first-batch numbers docs/studies/mechanism.md was made from: the same prompts, the same responses (their
     rewards and lengths exactly), and their entropy under the untrained policy to the float error of
     another CPU's kernels (relative 1e-5: one changed token among the batch's ~8,700 would move it
     by up to ~5e-5)."""

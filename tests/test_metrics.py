@@ -312,7 +312,7 @@ def test_mean_se_and_samples_for_halfwidth():
 
 @pytest.mark.parametrize("ranks", [4, 40])
 def test_metrics_over_validation_shards_of_unequal_size(ranks):
-    """A validation's 30 problems in strided shares (`RLDataModule._val_share`): 8, 8, 7, 7 on 4
+    """A validation's 30 problems in strided shares (`RolloutController.val_share`): 8, 8, 7, 7 on 4
     ranks; 1 or none on 40. The ranks' summed states give the metric of the 30 problems, each
     counted once, and the value `avg_at_k_se` / `pass_at_k_se` compute from the 30 counts."""
     gen = torch.Generator().manual_seed(3)

@@ -12,12 +12,12 @@ import zlib
 
 import pytest
 
+from aspo_lit.data.filters import FieldIn, FieldRange
+from aspo_lit.data.mixture import Source, load_mixture, normalized_problem
+from aspo_lit.data.sources import BadRowError
 from aspo_lit.rewards.code import parse_gold
 from data_modules.code import CodeRLDataModule
-from data_modules.filters import FieldIn, FieldRange
-from data_modules.math import MathRLDataModule
-from data_modules.mixture import Source, load_mixture, normalized_problem
-from data_modules.sources import BadRowError
+from data_modules.math import RLDataModule
 
 DAPO_TEMPLATE = ("Solve the following math problem step by step. The last line of your response should be of "
                  "the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
@@ -129,13 +129,13 @@ DAPO_SOURCE = dict(path="BytedTsinghua-SIA/DAPO-Math-17k", label="dapo", templat
 
 
 def math_rows(sources, **kwargs):
-    data = MathRLDataModule(train_files=[Source(**s) for s in sources], **kwargs)
-    return data.load_train_rows(), data.stats
+    data = RLDataModule(train_files=[Source(**s) for s in sources], **kwargs)
+    return data.task.rows("train"), data.stats
 
 
 def code_rows(sources, **kwargs):
     data = CodeRLDataModule(train_files=[Source(**s) for s in sources], **kwargs)
-    return data.load_train_rows(), data.stats
+    return data.task.rows("train"), data.stats
 
 
 # --- math layouts -----------------------------------------------------------------------------------
@@ -197,7 +197,7 @@ def test_training_golds_are_normalized_as_evaluation_reads_them(tmp_path):
     assert [r["answer"] for r in rows] == ["10^{-3}", "3.83 \\times 10^{35}", "42"]
     assert stats["data/train/golds_rewritten"] == 2.0
     spec = json.dumps({"tests": [{"input": "", "output": "print(math.sqrt(2))", "type": "stdin"}]})
-    assert CodeRLDataModule().normalize_answers([{"answer": spec}], "train") == ([{"answer": spec}], {})
+    assert CodeRLDataModule().task.normalize_answers([{"answer": spec}], "train") == ([{"answer": spec}], {})
 
 
 def test_normalized_problem():
@@ -264,12 +264,12 @@ def test_code_dedup_gives_codeforces_priority(hub):
 def test_val_from_hub_or_staged(hub, tmp_path, monkeypatch):
     source = Source(path="HuggingFaceH4/aime_2024", label="aime24", staged="aime24.jsonl")
     monkeypatch.delenv("ASPO_DATA_DIR", raising=False)
-    data = MathRLDataModule(val_files=[source])
-    assert data.load_val_rows() == [{"id": "60", "problem": "AIME problem one.", "answer": "204"}]
+    data = RLDataModule(val_files=[source])
+    assert data.task.rows("val") == [{"id": "60", "problem": "AIME problem one.", "answer": "204"}]
     assert hub == [("HuggingFaceH4/aime_2024", None, "train")]
     (tmp_path / "aime24.jsonl").write_text(json.dumps({"id": "aime24-I-1", "problem": "Staged.", "answer": "25"}) + "\n")
     monkeypatch.setenv("ASPO_DATA_DIR", str(tmp_path))
-    assert data.load_val_rows()[0]["id"] == "aime24-I-1" and len(hub) == 1
+    assert data.task.rows("val")[0]["id"] == "aime24-I-1" and len(hub) == 1
 
 
 def _lcb_row(qid, date, private):
@@ -301,7 +301,7 @@ def test_livecodebench_release_files_from_the_hub(tmp_path, monkeypatch):
     source = Source(path="livecodebench/code_generation_lite", label="lcb_v5", data_files=list(files),
                     staged="code/lcb_v5.jsonl", filters=[FieldRange("contest_date", "2024-08-01", "2025-02-01", name="v5")])
     data = CodeRLDataModule(val_files=[source])
-    rows = data.load_val_rows()
+    rows = data.task.rows("val")
     assert [r["id"] for r in rows] == ["b", "c"] and data.stats["data/val/lcb_v5/filter/v5"] == 2.0
     assert parse_gold(rows[1]["answer"]).tests == (("1\n", "1\n"), ("2\n", "2\n"))   # public + decoded private
     assert asked == [("livecodebench/code_generation_lite", f, "dataset") for f in files]
@@ -321,12 +321,12 @@ def test_source_config_errors():
     with pytest.raises(ValueError, match="both be numbers or both strings"):
         FieldRange("d", min=1, max="2025")
     with pytest.raises(ValueError, match="layout 'codeforces' is for code rows"):
-        MathRLDataModule(train_files=[Source(path="x/y", layout="codeforces")]).load_train_rows()
+        RLDataModule(train_files=[Source(path="x/y", layout="codeforces")]).task.rows("train")
 
 
 def test_filter_from_its_config_form():
     """A source rebuilt from saved hyperparameters (filters as ``{class_path, init_args}``)."""
-    source = Source(path="x/y", filters=[{"class_path": "data_modules.filters.FieldRange",
+    source = Source(path="x/y", filters=[{"class_path": "aspo_lit.data.filters.FieldRange",
                                           "init_args": {"field": "a.b", "min": 1, "max": 15, "name": "d"}}])
     keep = source.filters[0].keep
     assert keep({"a": {"b": 3}}) and not keep({"a": {"b": 16}}) and not keep({"a": {}}) and not keep({"a": {"b": "3"}})
@@ -372,13 +372,13 @@ def test_reward_is_a_typed_class_path():
     from aspo_lit.rewards import MathVerifyReward
 
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(MathRLDataModule, "data")
+    parser.add_class_arguments(RLDataModule, "data")
     cfg = parser.parse_object({"data": {"reward": {"class_path": "aspo_lit.rewards.MathVerifyReward",
                                                    "init_args": {"timeout_s": 3.0}}}})
     data = parser.instantiate_classes(cfg).data
-    assert isinstance(data.reward, MathVerifyReward) and data.reward.timeout_s == 3.0
+    assert isinstance(data.task.reward, MathVerifyReward) and data.task.reward.timeout_s == 3.0
     with pytest.raises(Exception, match="reward"):
-        parser.parse_object({"data": {"reward": {"class_path": "data_modules.filters.FieldIn",
+        parser.parse_object({"data": {"reward": {"class_path": "aspo_lit.data.filters.FieldIn",
                                                  "init_args": {"field": "a", "values": [1]}}}})
 
 
@@ -396,9 +396,9 @@ def test_counts_reach_the_run_loggers_on_a_fresh_run(hub):
 
     for global_step, expect in ((0, True), (7, False)):
         logger = Logger()
-        data = MathRLDataModule(train_files=[Source(**SKYWORK_SOURCE)], on_bad_row="skip")
+        data = RLDataModule(train_files=[Source(**SKYWORK_SOURCE)], on_bad_row="skip")
         data.trainer = SimpleNamespace(global_step=global_step, is_global_zero=True, loggers=[logger])
-        data.load_train_rows()
+        data.task.rows("train")
         assert data.stats["data/train/skywork/filter/difficulty"] == 2.0
         assert bool(logger.logged) == expect
         if expect:

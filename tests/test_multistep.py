@@ -106,10 +106,10 @@ def test_chain_datamodule_rows_follow_its_arguments():
     from data_modules.testbed import ChainRLDataModule
 
     dm = ChainRLDataModule(num_train=20, num_val=8, ops=[4, 5], max_value=30, data_seed=2)
-    train, val = dm.load_train_rows(), dm.load_val_rows()
+    train, val = dm.task.rows("train"), dm.task.rows("val")
     assert train == generate_chain_problems(20, seed=2, ops=(4, 5), split="train", max_value=30)
     assert len(val) == 8 and all(split_of is not None and r["level"] in (4, 5) for r in val)
-    assert ChainRLDataModule(num_val=0).load_val_rows() is None
+    assert ChainRLDataModule(num_val=0).task.rows("val") is None
 
 
 def test_tiny_chain_build_stops_on_sampled_accuracy(tmp_path, monkeypatch):

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from data_modules.math import MathRLDataModule
-from data_modules.mixture import Source
+from aspo_lit.data.mixture import Source
+from data_modules.math import RLDataModule
 from tests.cli import print_config
 
 REPO = Path(__file__).resolve().parents[1]
 
-SKYWORK_DIFFICULTY = {"class_path": "data_modules.filters.FieldRange",
+SKYWORK_DIFFICULTY = {"class_path": "aspo_lit.data.filters.FieldRange",
                       "init_args": {"field": "extra_info.model_difficulty.DeepSeek-R1-Distill-Qwen-1.5B",
                                     "min": 1, "max": 15, "name": "difficulty"}}
 DAPO_TEMPLATE_START = "Solve the following math problem step by step. The last line of your response"
@@ -118,6 +118,6 @@ def test_no_local_path_without_the_data_dir(name, monkeypatch):
 def test_shipped_val_source_reads_the_staged_copy_when_set(shared_data_dir):
     """With $ASPO_DATA_DIR set, conf/aspo.yaml's AIME24 comes from the staged file (no hub)."""
     val = effective(["conf/aspo.yaml"])["data"]["init_args"]["val_files"]
-    data = MathRLDataModule(val_files=[Source(**s) for s in val])
-    rows = data.load_val_rows()
+    data = RLDataModule(val_files=[Source(**s) for s in val])
+    rows = data.task.rows("val")
     assert len(rows) == 30 and rows[0]["id"] == "aime24-I-1" and rows[0]["answer"] == "204"

@@ -14,7 +14,7 @@ from scipy.stats import t
 from experiments.posthoc import HEADING, compare, holm, rank_tests, read_page, tost_bound, write_section
 
 REPO = Path(__file__).resolve().parents[1]
-PAGE = REPO / "docs" / "study-v2.md"
+PAGE = REPO / "docs" / "studies" / "study-v2.md"
 
 
 def test_holm_adjusts_step_down_and_keeps_the_input_order():

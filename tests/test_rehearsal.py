@@ -1,6 +1,6 @@
 """Rehearse every shipped paper config on CPU (2 processes over gloo, sizes and hardware changed
 only): config diff, identical ranks, moving weights, warm-up in rollout batches, 1-process replay,
-SIGTERM + resume. See tests/rehearsal/run.py; `make rehearse` runs the same."""
+SIGTERM + resume. See tools/rehearsal/run.py; `make rehearse` runs the same."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from tests.rehearsal.run import CONFIGS, REPO, rehearse, write_data
+from tools.rehearsal.run import CONFIGS, REPO, rehearse, write_data
 
 
 def test_every_shipped_fit_config_is_rehearsed():
@@ -18,7 +18,7 @@ def test_every_shipped_fit_config_is_rehearsed():
     shipped = {str(p.relative_to(REPO)) for d in ("conf", "conf/ablations", "conf/code") for p in (REPO / d).glob("*.yaml")}
     shipped -= {"conf/table1.yaml", "conf/table2.yaml", "conf/table3.yaml"}
     rehearsed = {c for configs in CONFIGS.values() for c in configs}
-    assert shipped <= rehearsed, f"add {sorted(shipped - rehearsed)} to tests/rehearsal/run.py's CONFIGS"
+    assert shipped <= rehearsed, f"add {sorted(shipped - rehearsed)} to tools/rehearsal/run.py's CONFIGS"
 
 
 #: rehearsals too long for CI (`make rehearse` runs them): the real-shaped model's (~10 min, ~11 GB), and
@@ -53,7 +53,7 @@ def test_shipped_config_rehearses(name):
 def test_loss_ablations_share_a_resume_check_only_with_a_loss_only_difference(tmp_path):
     """A config whose SIGTERM + resume check is another's (RESUME_AS) differs from it in the loss and
     the logger's name only; any other key that differs fails the check."""
-    from tests.rehearsal.run import LOSS_ONLY_KEYS, RESUME_AS, _same_config, config_diff
+    from tools.rehearsal.run import LOSS_ONLY_KEYS, RESUME_AS, _same_config, config_diff
 
     for name, other in RESUME_AS.items():
         _, rehearsed = config_diff(name, CONFIGS[name], ["--data.init_args.engine=hf"], tmp_path / name)
@@ -65,14 +65,14 @@ def test_loss_ablations_share_a_resume_check_only_with_a_loss_only_difference(tm
 
 
 def test_moe_config_rehearses_an_moe_on_vllm(testbed, tmp_path):
-    """`qwen3_30b_a3b` rehearses on an MoE (the tiny Qwen3-MoE of tests/rehearsal/standins.py, not the
+    """`qwen3_30b_a3b` rehearses on an MoE (the tiny Qwen3-MoE of tools/rehearsal/standins.py, not the
     dense testbed: otherwise no router, expert weight or expert push runs) with the colocated vLLM
     engine at rollout TP 2, the length reward, and the shipped loss and `rollout_is_cap`."""
     import json as _json
     from pathlib import Path
 
     from aspo_lit.models import resolve_model_path
-    from tests.rehearsal.run import MOE_OVERLAY, VLLM_CONFIGS, config_diff, overlays, run_overrides
+    from tools.rehearsal.run import MOE_OVERLAY, VLLM_CONFIGS, config_diff, overlays, run_overrides
 
     name = "qwen3_30b_a3b"
     assert MOE_OVERLAY in overlays(CONFIGS[name]) and name in VLLM_CONFIGS
@@ -81,7 +81,7 @@ def test_moe_config_rehearses_an_moe_on_vllm(testbed, tmp_path):
     config = _json.loads((Path(resolve_model_path(rehearsed["model.model_name_or_path"])) / "config.json").read_text())
     assert config["model_type"] == "qwen3_moe", config["model_type"]
     assert config["num_local_experts"] > config["num_experts_per_tok"] > 1
-    assert rehearsed["data.init_args.engine.class_path"] == "aspo_lit.rollout.VLLMEngine"
+    assert rehearsed["data.init_args.engine.class_path"] == "aspo_lit.rollout.vllm.VLLMEngine"
     assert rehearsed["data.init_args.engine.init_args.tensor_parallel_size"] == 2
     assert rehearsed["data.init_args.reward.class_path"] == "aspo_lit.rewards.plumbing.LengthReward"
     assert rehearsed["model.rollout_is_cap"] == 2.0 and rehearsed["model.loss"] == "aspo"
@@ -90,7 +90,7 @@ def test_moe_config_rehearses_an_moe_on_vllm(testbed, tmp_path):
 def test_phase_rss_gives_a_peak_to_the_phase_that_made_it():
     """The probe's per-phase peak RSS: 256 MiB touched and freed inside one phase count there, not in
     the phase after it."""
-    from tests.rehearsal.probe import PhaseRSS
+    from tools.rehearsal.probe import PhaseRSS
 
     phases = PhaseRSS(interval=0.001)
     phases.enter("big")
@@ -104,7 +104,7 @@ def test_phase_rss_gives_a_peak_to_the_phase_that_made_it():
 
 
 def test_host_memory_check_holds_every_rank_and_phase_to_the_bound():
-    from tests.rehearsal.run import host_memory
+    from tools.rehearsal.run import host_memory
 
     probes = [{"peak_rss_mib": {"phases": {"rollout": 3000.0, "update": 4100.0}}},
               {"peak_rss_mib": {"phases": {"rollout": 2900.0, "update": 3900.0}}}]
@@ -121,7 +121,7 @@ def test_real_shape_rehearsal_trains_the_real_shape_on_vllm(testbed, tmp_path):
     from pathlib import Path
 
     from aspo_lit.models import resolve_model_path
-    from tests.rehearsal.run import (
+    from tools.rehearsal.run import (
         REAL_SHAPE_OVERLAY,
         RSS_BOUND_MIB,
         VLLM_CONFIGS,
@@ -148,7 +148,7 @@ def test_real_shape_rehearsal_trains_the_real_shape_on_vllm(testbed, tmp_path):
         embedding = f.get_tensor("model.embed_tokens.weight").float()
     assert 0.5 <= norms.min() and norms.max() <= 8.0 * 1.01 and norms.mean() > 2.0 and (norms > 4.0).float().mean() > 0.2
     assert abs(float(embedding.std()) - 0.05) < 0.002
-    assert rehearsed["data.init_args.engine.class_path"] == "aspo_lit.rollout.VLLMEngine"
+    assert rehearsed["data.init_args.engine.class_path"] == "aspo_lit.rollout.vllm.VLLMEngine"
     assert rehearsed["data.init_args.reward.class_path"] == "aspo_lit.rewards.plumbing.LengthReward"
     assert rehearsed["data.init_args.max_response_length"] == 96 and rehearsed["model.loss"] == "aspo"
 
@@ -156,7 +156,7 @@ def test_real_shape_rehearsal_trains_the_real_shape_on_vllm(testbed, tmp_path):
 def _one_adamw_step(lr: float, frozen: bool = False):
     """A norm-like weight of several units and an embedding-scale matrix, one AdamW step at ``lr``
     (``frozen``: the matrix has a gradient but is not in the optimizer); what the probe reads."""
-    from tests.rehearsal.probe import adamw_update
+    from tools.rehearsal.probe import adamw_update
 
     torch.manual_seed(0)
     params = {"norm": torch.nn.Parameter(torch.empty(64).uniform_(2.0, 6.0)),
@@ -178,7 +178,7 @@ def test_weights_move_asks_only_representable_updates_to_move():
     """At a warm-up lr of 1e-7 a norm weight of several units cannot move (its ulp is 2.4e-7 to
     4.8e-7): the old rule (>= 99 % of the entries with a gradient changed) failed a real checkpoint
     there; the derived rule asks every entry whose update exceeds 2 ulp to move, and each did."""
-    from tests.rehearsal.probe import representable_moves
+    from tools.rehearsal.probe import representable_moves
 
     steps = list(_one_adamw_step(lr=1e-7))
     moved = sum(int((after != before).sum()) for _, before, after, _ in steps)
@@ -189,7 +189,7 @@ def test_weights_move_asks_only_representable_updates_to_move():
 
 
 def test_weights_move_fails_an_update_that_did_not_land_or_a_parameter_not_stepped():
-    from tests.rehearsal.probe import representable_moves
+    from tools.rehearsal.probe import representable_moves
 
     steps = list(_one_adamw_step(lr=1e-3))
     name, before, after, delta = steps[1]
@@ -203,7 +203,7 @@ def test_weights_move_fails_an_update_that_did_not_land_or_a_parameter_not_stepp
 
 
 def test_bf16_replay_is_held_to_the_noise_it_measured():
-    from tests.rehearsal.run import BF16_NOISE_FACTOR, compare_weights
+    from tools.rehearsal.run import BF16_NOISE_FACTOR, compare_weights
 
     w0 = {"w": torch.zeros(1000)}
     single = {"w": torch.ones(1000)}
@@ -217,7 +217,7 @@ def test_two_node_rehearsal_is_the_aspo_config_on_two_nodes_of_one_rank(tmp_path
     """`aspo_2nodes` is conf/aspo.yaml with the CPU overlay and 2 nodes of 1 rank (trainer.num_nodes 2,
     devices 1: nothing else differs from `aspo`'s rehearsal), every fit one torchrun per node; the
     multi-node check holds ranks, nodes and local ranks to two machines' and refuses any other."""
-    from tests.rehearsal.run import MULTI_NODE, TWO_NODES_OVERLAY, VLLM_CONFIGS, config_diff, multi_node, overlays
+    from tools.rehearsal.run import MULTI_NODE, TWO_NODES_OVERLAY, VLLM_CONFIGS, config_diff, multi_node, overlays
 
     name = "aspo_2nodes"
     assert name in MULTI_NODE and name in VLLM_CONFIGS and overlays(CONFIGS[name], name)[-1] == TWO_NODES_OVERLAY
@@ -238,7 +238,7 @@ def test_first_gradient_is_held_to_the_rounding_the_run_measured(tmp_path):
     """From the same weights and batch, the multi-process run's first gradient differs from the replay's
     by rounding only: within 3x the bf16 replay's distance from an fp32 replay (bf16), 1e-5 (fp32). A
     gradient that lost a rank's half of the batch is far outside either."""
-    from tests.rehearsal.run import compare_gradients
+    from tools.rehearsal.run import compare_gradients
 
     g = torch.Generator().manual_seed(0)
     half_a, half_b = torch.randn(100, 50, generator=g), torch.randn(100, 50, generator=g)

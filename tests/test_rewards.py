@@ -321,7 +321,7 @@ def test_overlong_penalty_applied_once_in_rollouts(buffer, expected):
 
     from aspo_lit.module import PolicyHandle
     from aspo_lit.rollout import Completion, RolloutEngine
-    from data_modules.math import MathRLDataModule
+    from data_modules.math import RLDataModule
 
     class ScriptedEngine(RolloutEngine):
         """Every prompt gets the same group of (text, token count) completions."""
@@ -339,13 +339,13 @@ def test_overlong_penalty_applied_once_in_rollouts(buffer, expected):
             pass
 
     group = [(_response("3"), 50), (_response("3"), 90), (_response("4"), 100), (_response("4"), 10)]
-    data = MathRLDataModule(group_size=4, max_response_length=100, overlong_buffer=buffer,
+    data = RLDataModule(group_size=4, max_response_length=100, overlong_buffer=buffer,
                             overlong_penalty_factor=1.0, engine=ScriptedEngine(),
                             reward=MathVerifyReward(num_workers=0))
     data.attach_policy(PolicyHandle(tokenizer=SimpleNamespace(pad_token_id=0), policy=None, model_path=None,
                                     device=torch.device("cpu")))
     data.trainer = SimpleNamespace(global_step=0, world_size=1, global_rank=0)
-    batch = data.rollout([{"id": 0, "problem": "1+2?", "answer": "3", "prompt_ids": [5, 6]}], seed=0)
+    batch = data.controller.rollout([{"id": 0, "problem": "1+2?", "answer": "3", "prompt_ids": [5, 6]}], seed=0)
     assert batch.rewards.tolist() == expected  # 1 or 0 plus a penalty of 0, -0.5 or -1: exact in fp32
 
 

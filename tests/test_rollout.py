@@ -82,7 +82,7 @@ def vllm_setup(tiny_tied_model_dir):
         import vllm  # noqa: F401
     except Exception as e:  # noqa: BLE001 - any import failure: vLLM is unavailable here
         pytest.skip(f"import vllm fails: {type(e).__name__}: {e}")
-    from aspo_lit.rollout import VLLMEngine
+    from aspo_lit.rollout.vllm import VLLMEngine
 
     policy, tokenizer = _load(tiny_tied_model_dir)
     # block_size 32 (CPU default 128) so the prompts above fill whole, cacheable KV blocks

@@ -17,15 +17,23 @@ import torch
 
 from tests.tolerance import rounding_tol
 
-SCRIPT = Path(__file__).with_name("sharded_fit.py")
-RESUME_SCRIPT = Path(__file__).with_name("sharded_resume.py")
+REPO = Path(__file__).resolve().parents[1]
+#: the fits run as modules (`python -m tests.sharded_fit`) in the test's folder, the repository on PYTHONPATH
+SCRIPT, RESUME_SCRIPT, VAL_SCRIPT = "tests.sharded_fit", "tests.sharded_resume", "tests.sharded_val"
+
+
+def _repo_on_path(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with the repository first on PYTHONPATH."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
 
 
 def _run(model_dir, tmp_path, devices, strategy, loss_agg, *extra, timeout=600):
     out = tmp_path / f"{strategy}_{loss_agg}{''.join(extra)}.json"
-    cmd = [sys.executable, str(SCRIPT), "--model", str(model_dir), "--devices", str(devices),
+    cmd = [sys.executable, "-m", SCRIPT, "--model", str(model_dir), "--devices", str(devices),
            "--strategy", strategy, "--loss_agg", loss_agg, "--out", str(out), *extra]
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=timeout), out
+    return subprocess.run(cmd, cwd=tmp_path, env=_repo_on_path(), capture_output=True, text=True, timeout=timeout), out
 
 
 def _fit(model_dir, tmp_path, devices, strategy, loss_agg, *extra):
@@ -165,8 +173,8 @@ def test_fsdp2_checkpoints_leave_out_the_reference_and_resume(tiny_model_dir, tm
     from aspo_lit.threads import THREAD_VARIABLES
 
     out = tmp_path / "result.json"
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
-    proc = subprocess.run([sys.executable, str(RESUME_SCRIPT), "--model", str(tiny_model_dir), "--out", str(out),
+    env = _repo_on_path({k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES})
+    proc = subprocess.run([sys.executable, "-m", RESUME_SCRIPT, "--model", str(tiny_model_dir), "--out", str(out),
                            "--cores", "4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -190,9 +198,6 @@ def test_fsdp2_checkpoints_leave_out_the_reference_and_resume(tiny_model_dir, tm
     assert {rank["threads"] for per_rank in result["runs"].values() for rank in per_rank} == {2}
 
 
-VAL_SCRIPT = Path(__file__).with_name("sharded_val.py")
-
-
 @pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.alone  # in two full CI runs, beside the other worker, the FSDP2 run aborted (docs/ci.md)
@@ -206,9 +211,9 @@ def test_validation_is_sharded_over_ranks(tiny_model_dir, tmp_path, strategy):
     lockstep: every call has as many prompts on both ranks, a short share padded with the batch's
     first problem, decoded and not counted; under DDP a rank with no problems calls with none."""
     out = tmp_path / "val.json"
-    cmd = [sys.executable, str(VAL_SCRIPT), "--model", str(tiny_model_dir), "--devices", "2",
+    cmd = [sys.executable, "-m", VAL_SCRIPT, "--model", str(tiny_model_dir), "--devices", "2",
            "--strategy", strategy, "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_repo_on_path(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     problems, size, k = result["problems"], result["val_batch_size"], result["k"]

@@ -15,16 +15,16 @@ import torch
 import yaml
 from lightning.pytorch import Callback
 
+from aspo_lit.data.sources import PromptBatches
 from aspo_lit.rollout import SamplingConfig, build_engine
 from aspo_lit.rollout.process import EngineProcess, EngineProcessError
 from aspo_lit.seeding import derived_seed
-from data_modules.sources import PromptBatches
 from tests.tolerance import torch_threads
 
 pytestmark = pytest.mark.multiproc
 
 REPO = Path(__file__).resolve().parents[1]
-PROBE = "tests.rehearsal.probe.RehearsalProbe"
+PROBE = "tools.rehearsal.probe.RehearsalProbe"
 UPDATES_PER_BATCH = 2   # batch_size 8 / mini_batch_size 4 below
 
 
@@ -89,7 +89,7 @@ def test_the_vllm_engine_serves_the_engine_process(testbed):
     pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM
 
-    from aspo_lit.rollout import VLLMEngine
+    from aspo_lit.rollout.vllm import VLLMEngine
 
     state = dict(AutoModelForCausalLM.from_pretrained(testbed).state_dict())
     prompts = [[1, 5, 6, 7], [1, 8, 9]]
@@ -130,7 +130,7 @@ class KillEngineProcess(Callback):
         self.at, self.rank = at, rank
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        process = trainer.datamodule.engine_process
+        process = trainer.datamodule.controller.engine_process
         if batch_idx == self.at and trainer.global_rank == self.rank and process is not None:
             os.kill(process.pid, signal.SIGKILL)
             process.process.join(10)
@@ -265,7 +265,7 @@ def test_which_ratio_the_flip_acts_on_in_each_mode():
 
 
 def test_the_staleness_studys_arms_are_its_protocols(capsys):
-    """`make study-staleness` (docs/staleness-protocol.md): GRPO and ASPO at k = 0, 1, 2, 4 on seeds 6-8
+    """`make study-staleness` (docs/studies/staleness-protocol.md): GRPO and ASPO at k = 0, 1, 2, 4 on seeds 6-8
     (outside study v2's and the mechanism check's), 20 rollout batches, the sampler's log-probs as
     π_old, one engine thread; each arm in its own folder. Read through the study's own dry run."""
     from aspo_lit.__main__ import main

@@ -1,4 +1,4 @@
-"""experiments.staleness (docs/staleness-protocol.md's rules) on synthetic runs with known outcomes."""
+"""experiments.staleness (docs/studies/staleness-protocol.md's rules) on synthetic runs with known outcomes."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from aspo_lit.module import ASPOModule
 from aspo_lit.sampler_mismatch import MISMATCH_KEYS
 from aspo_lit.stats import Stat
 from aspo_lit.step import StepOutput
-from tests.sharded_fit import GROUPS, FixedRollouts
+from tools.fixed_rollouts import GROUPS, FixedRollouts
 
 
 class Keep(Callback):

@@ -1,4 +1,4 @@
-"""The CPU-scale study (docs/study-protocol.md): the verdict rule, metric merging, the run grid and
+"""The CPU-scale study (docs/studies/study-protocol.md): the verdict rule, metric merging, the run grid and
 resume states, the submitit executor (parallelism cap, failures, Ctrl-C), the report rendered from
 synthetic metrics CSVs, and (slow) the quick profile end to end."""
 
@@ -20,9 +20,12 @@ import pandas as pd
 import pytest
 
 from aspo_lit.__main__ import main
-from experiments import report as R
 from experiments import runner
 from experiments import study as S
+from experiments.claims import judge, pooled_se, verdict
+from experiments.render import render_report
+from experiments.report import write_report
+from experiments.results import collect, head_mean, read_run, run_statistics, tail_mean, version_dirs
 from tests.tolerance import approx64  # float64 maths on O(1)-O(100) values (docs/design.md, "Tolerances in tests")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,24 +37,24 @@ LOSSES = ["grpo", "grpo_no_is", "grpo_pos_mean", "aspo", "aspo_no_dual_clip"]
 def test_pooled_se_matches_formula():
     a, b = [1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0]
     sp2 = (np.var(a, ddof=1) * 2 + np.var(b, ddof=1) * 3) / 5
-    assert R.pooled_se(a, b) == approx64(math.sqrt(sp2 * (1 / 3 + 1 / 4)))
+    assert pooled_se(a, b) == approx64(math.sqrt(sp2 * (1 / 3 + 1 / 4)))
     # equal n: the pooled SE equals sqrt(s_a^2/n + s_b^2/n)
     a, b = [0.1, 0.3, 0.2], [0.5, 0.9, 0.7]
-    assert R.pooled_se(a, b) == approx64(math.sqrt(np.var(a, ddof=1) / 3 + np.var(b, ddof=1) / 3))
-    assert math.isnan(R.pooled_se([1.0], [2.0]))
+    assert pooled_se(a, b) == approx64(math.sqrt(np.var(a, ddof=1) / 3 + np.var(b, ddof=1) / 3))
+    assert math.isnan(pooled_se([1.0], [2.0]))
 
 
 def test_verdict_supported_not_supported_inconclusive():
-    v = R.verdict([0.50, 0.52, 0.51], [0.30, 0.31, 0.29])
+    v = verdict([0.50, 0.52, 0.51], [0.30, 0.31, 0.29])
     assert v.verdict == "supported" and v.diff == approx64(0.21)
-    assert v.margin == approx64(2 * R.pooled_se([0.50, 0.52, 0.51], [0.30, 0.31, 0.29]))
-    assert R.verdict([0.30, 0.31, 0.29], [0.50, 0.52, 0.51]).verdict == "not supported"
+    assert v.margin == approx64(2 * pooled_se([0.50, 0.52, 0.51], [0.30, 0.31, 0.29]))
+    assert verdict([0.30, 0.31, 0.29], [0.50, 0.52, 0.51]).verdict == "not supported"
     # in the claimed direction but within 2 SE
-    assert R.verdict([0.40, 0.60, 0.50], [0.45, 0.55, 0.40]).verdict == "inconclusive"
+    assert verdict([0.40, 0.60, 0.50], [0.45, 0.55, 0.40]).verdict == "inconclusive"
     # exactly at the margin is not enough
     a, b = [1.0, 3.0], [0.0, 0.0]
-    margin = 2 * R.pooled_se(a, b)
-    v = R.verdict([x - (2.0 - margin) for x in a], b)
+    margin = 2 * pooled_se(a, b)
+    v = verdict([x - (2.0 - margin) for x in a], b)
     assert v.diff == approx64(margin) and v.verdict in ("inconclusive", "supported")
 
 
@@ -67,30 +70,30 @@ def welch_expected(a, b) -> float:
 
 def test_welch_p_value_matches_the_formula():
     a, b = [0.50, 0.52, 0.51, 0.55, 0.49], [0.30, 0.41, 0.29, 0.35]
-    v = R.verdict(a, b)
+    v = verdict(a, b)
     assert v.p_value == approx64(welch_expected(a, b)) and 0 < v.p_value < 0.01
-    assert R.verdict([0.4, 0.6, 0.5], [0.45, 0.55, 0.4]).p_value > 0.3
-    assert math.isnan(R.verdict([0.9], [0.1]).p_value)          # one seed: no test
-    assert math.isnan(R.verdict([0.0, 0.0], [0.0, 0.0]).p_value)  # no spread at all
+    assert verdict([0.4, 0.6, 0.5], [0.45, 0.55, 0.4]).p_value > 0.3
+    assert math.isnan(verdict([0.9], [0.1]).p_value)          # one seed: no test
+    assert math.isnan(verdict([0.0, 0.0], [0.0, 0.0]).p_value)  # no spread at all
 
 
 def test_verdict_needs_two_seeds_and_drops_nan():
-    assert R.verdict([0.9], [0.1]).verdict == "inconclusive"  # no spread, no test
-    v = R.verdict([0.9, float("nan"), 0.91], [0.1, 0.12, None])
+    assert verdict([0.9], [0.1]).verdict == "inconclusive"  # no spread, no test
+    v = verdict([0.9, float("nan"), 0.91], [0.1, 0.12, None])
     assert (v.n_higher, v.n_lower) == (2, 2) and v.verdict == "supported"
-    assert R.verdict([], [0.1, 0.2]).verdict == "no data"
+    assert verdict([], [0.1, 0.2]).verdict == "no data"
     # zero spread: any difference in the claimed direction counts
-    assert R.verdict([1.0, 1.0], [0.0, 0.0]).verdict == "supported"
+    assert verdict([1.0, 1.0], [0.0, 0.0]).verdict == "supported"
 
 
 def test_statistics():
     values = np.arange(10, dtype=float)
-    assert R.tail_mean(values, 0.2) == approx64(8.5)
-    assert R.head_mean(values, 0.2) == approx64(0.5)
-    assert R.tail_mean(values[:3], 0.2) == approx64(2.0)  # at least one point
-    assert math.isnan(R.tail_mean([])) and math.isnan(R.head_mean([]))
+    assert tail_mean(values, 0.2) == approx64(8.5)
+    assert head_mean(values, 0.2) == approx64(0.5)
+    assert tail_mean(values[:3], 0.2) == approx64(2.0)  # at least one point
+    assert math.isnan(tail_mean([])) and math.isnan(head_mean([]))
     metrics = pd.DataFrame({"run": "r", "metric": "m", "step": values, "value": values[::-1]})
-    stats = R.run_statistics(metrics, 0.2).loc[("r", "m")]
+    stats = run_statistics(metrics, 0.2).loc[("r", "m")]
     assert (stats["head_mean"], stats["tail_mean"]) == (approx64(8.5), approx64(0.5))
     assert (stats["last_eval"], stats["max"], stats["first"], stats["mean"]) == (0.0, 9.0, 9.0, 4.5)
 
@@ -188,11 +191,11 @@ def test_read_run_merges_versions_by_step(tmp_path):
     write_metrics(run_dir / "version_1" / "metrics.csv",
                   [{"step": s, "train/entropy": 2.0} for s in range(3, 8)])
     write_metrics(run_dir / "version_10" / "metrics.csv", [{"step": 7, "train/entropy": 3.0}])
-    rows = R.read_run(run_dir)
+    rows = read_run(run_dir)
     assert rows["step"].tolist() == list(range(8))
     # later versions win (version_10 after version_1, numerically)
     assert rows["value"].tolist() == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 3.0]
-    assert R.read_run(tmp_path / "absent").empty
+    assert read_run(tmp_path / "absent").empty
 
 
 def test_plan_states_and_commands(tmp_path):
@@ -318,8 +321,7 @@ STUDY_DRIVER = """
 import json, sys
 from pathlib import Path
 from experiments import runner
-sys.path.insert(0, {tests!r})
-from test_study import STOPPABLE_RUN, fake_jobs
+from tests.test_study import STOPPABLE_RUN, fake_jobs
 jobs = fake_jobs(Path({tmp!r}), [{mode!r}] * 3, STOPPABLE_RUN)
 executor = runner.make_executor(Path({tmp!r}) / "submitit", "local", 2, 10, {{}})
 outcome, interrupted = runner.execute(executor, jobs, 2, poll_s=0.1)
@@ -331,8 +333,7 @@ print(json.dumps({{"interrupted": interrupted, "status": [o["status"] for o in o
 def test_ctrl_c_stops_the_runs_cleanly(tmp_path, mode):
     """A terminal's Ctrl-C (SIGINT to the whole process group): every live run gets exactly one
     SIGTERM and may finish its step, no new run starts; a second Ctrl-C kills the runs."""
-    driver = subprocess.Popen([sys.executable, "-c", STUDY_DRIVER.format(tests=str(REPO / "tests"), tmp=str(tmp_path),
-                                                                          mode=mode)],
+    driver = subprocess.Popen([sys.executable, "-c", STUDY_DRIVER.format(tmp=str(tmp_path), mode=mode)],
                               cwd=REPO, stdout=subprocess.PIPE, text=True, start_new_session=True)
     runs = [tmp_path / "runs" / f"r{i}" for i in range(3)]
     deadline = time.time() + 120
@@ -397,8 +398,8 @@ def test_report_verdicts_and_welch_p_from_synthetic_metrics(tmp_path):
                                 "clip/pos_high": grpo_clip},
                        "aspo": {"train/entropy": aspo_entropy, "train/repetition_rate": aspo_rep,
                                 "clip/pos_high": aspo_clip}})
-    text = R.write_report(study, echo=lambda m: None).read_text()
-    verdicts = {c.id: v for c, v in R.judge(R.collect(study))}
+    text = write_report(study, echo=lambda m: None).read_text()
+    verdicts = {c.id: v for c, v in judge(collect(study))}
     for claim, word, (hi, lo) in (("1", "supported", (aspo_entropy, grpo_entropy)),
                                   ("2", "not supported", (grpo_rep, aspo_rep)),
                                   ("3", "inconclusive", (grpo_clip, aspo_clip))):
@@ -418,15 +419,15 @@ def test_report_verdicts_and_welch_p_from_synthetic_metrics(tmp_path):
 
 def test_report_from_synthetic_runs(tmp_path):
     study = fake_study(tmp_path)
-    results = R.collect(study)
+    results = collect(study)
     assert results.accuracy_key == "val/avg@4" and results.pass_key == "val/pass@4"
     assert set(results.runs["status"]) == {"done"}
     # the resumed run (two versions) is merged whole
     assert len(results.series("aspo_s1", "train/entropy")[0]) == 40
-    verdicts = {c.id: v.verdict for c, v in R.judge(results)}
+    verdicts = {c.id: v.verdict for c, v in judge(results)}
     assert verdicts == {k: "supported" for k in ("1", "2", "3", "4", "5a", "5b", "6a", "6b", "7")}
 
-    path = R.write_report(study, echo=lambda m: None)
+    path = write_report(study, echo=lambda m: None)
     text = path.read_text()
     assert path == tmp_path / "docs" / "study.md"
     figures = tmp_path / "docs" / "study"
@@ -457,7 +458,7 @@ def test_report_with_opposite_and_missing_runs(tmp_path):
     study = fake_study(tmp_path)
     # make GRPO's entropy end *higher* than ASPO's for every seed: claim 1 not supported
     for seed in study.seeds:
-        for version in R.version_dirs(study.runs_dir / f"grpo_s{seed}"):
+        for version in version_dirs(study.runs_dir / f"grpo_s{seed}"):
             path = version / "metrics.csv"
             rows = list(csv.DictReader(path.open()))
             for r in rows:
@@ -471,18 +472,18 @@ def test_report_with_opposite_and_missing_runs(tmp_path):
 
     shutil.rmtree(study.runs_dir / "grpo_pos_mean_s2")
     (study.runs_dir / "aspo_s2" / "done").unlink()
-    results = R.collect(study)
-    verdicts = {c.id: v for c, v in R.judge(results)}
+    results = collect(study)
+    verdicts = {c.id: v for c, v in judge(results)}
     assert verdicts["1"].verdict == "not supported"
     assert verdicts["6a"].n_higher == 2 and verdicts["1"].n_higher == 2
-    text = R.render_report(results, {})
+    text = render_report(results, {})
     assert "**failed** (exit 1), log `L.log`" in text
     assert "`grpo_pos_mean_s2`: missing" in text and "`aspo_s2`: partial" in text
 
 
 def test_single_seed_is_inconclusive(tmp_path):
     study = fake_study(tmp_path, seeds=(0,))
-    verdicts = {c.id: v.verdict for c, v in R.judge(R.collect(study))}
+    verdicts = {c.id: v.verdict for c, v in judge(collect(study))}
     assert set(verdicts.values()) == {"inconclusive"}
 
 
@@ -538,7 +539,7 @@ def test_quick_profile_end_to_end(tmp_path):
     assert (tmp_path / "docs" / "study" / "fig4_aspo.png").exists()
     study = S.load_study(REPO / "conf" / "study" / "quick.yaml", out_dir=str(out), report=str(report), max_steps=32,
                          overrides=["--trainer.val_check_interval=2", "--data.init_args.num_val=32"])
-    results = R.collect(study)
+    results = collect(study)
     assert set(results.runs["status"]) == {"done"}
     for loss in study.losses:
         run = runner.run_name(loss, study.seeds[0])
@@ -554,7 +555,7 @@ def test_report_regime_and_entropy_mechanism_sections(tmp_path):
     """The regime properties of every run (over seeds per loss) and, when the runs logged it, the
     entropy-mechanism figure; neither section without its data."""
     study = fake_study(tmp_path)
-    bare = R.render_report(R.collect(study), {})
+    bare = render_report(collect(study), {})
     assert "## Entropy mechanism" not in bare
     for seed in study.seeds:
         for i, loss in enumerate(LOSSES):
@@ -563,7 +564,7 @@ def test_report_regime_and_entropy_mechanism_sections(tmp_path):
                           [{"step": s, "entropy/cov": 0.01 * (i + 1) - 0.0002 * s, "entropy/cov_pos": 0.01,
                             "entropy/cov_neg": -0.01, "entropy/measured_change": -0.001,
                             "ratio/pos_mean": 1.0004, "ratio/neg_mean": 1.0001} for s in range(40)])
-    path = R.write_report(study, echo=lambda m: None)
+    path = write_report(study, echo=lambda m: None)
     text = path.read_text()
     assert (tmp_path / "docs" / "study" / "entropy_mechanism.png").stat().st_size > 10_000
     assert "## Entropy mechanism" in text and "](study/entropy_mechanism.png)" in text

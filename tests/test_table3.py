@@ -239,8 +239,8 @@ def test_registry():
     assert {n: (BENCHMARKS[n].k, BENCHMARKS[n].domain) for n in UPSTREAM} == {
         "arc_challenge": (4, "choice"), "gpqa_diamond": (8, "choice"), "mmlu_pro": (4, "choice")}
     from aspo_lit.__main__ import TOOLS, resolve
-    from aspo_lit.eval.evaluate import table
-    assert resolve(TOOLS["table3"].target) is table and TOOLS["table3"].defaults == {"table": "table3"}
+    from aspo_lit.eval.table_commands import table
+    assert resolve(TOOLS["table3"].target) is table and TOOLS["table3"].fixed == {"table": "table3"}
 
 
 # --- resume after a kill ---------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def test_render_table3_against_the_paper(tmp_path):
 def test_tiny_profile_fixtures_are_in_upstream_layout(tmp_path):
     import yaml
 
-    from aspo_lit.eval.evaluate import prepare_benchmark_files
+    from aspo_lit.eval.table_commands import prepare_benchmark_files
 
     config = yaml.safe_load((REPO / "conf" / "tiny" / "table3.yaml").read_text())
     prepared = prepare_benchmark_files(config["benchmarks"], tmp_path)
@@ -359,10 +359,10 @@ def test_tiny_profile_table3(tmp_path):
     runs): base always; the tiny GRPO/ASPO rows when trained, else reported missing."""
     import yaml
 
-    from aspo_lit.eval.evaluate import run_table3
+    from aspo_lit.eval.table_commands import evaluate_table
 
     config = yaml.safe_load((REPO / "conf" / "tiny" / "table3.yaml").read_text())
-    markdown, rows = run_table3({**config, "out_dir": str(tmp_path)}, root=REPO)
+    markdown, rows = evaluate_table({**config, "out_dir": str(tmp_path)}, root=REPO, table="table3")
     by_method = {r["method"]: r for r in rows}
     base = by_method["base"]
     assert base["status"] == "ok", base["reason"]

@@ -146,8 +146,8 @@ def test_exact_speedups_keep_the_metrics(testbed, tmp_path, monkeypatch, one_thr
     (fused_logprobs.KEEP_LOGITS_MAX), and the update's record made in the last epoch only
     against every epoch."""
     from aspo_lit import fused_logprobs
-    from aspo_lit.module import ASPOModule, PreUpdate, UpdateRecord
     from aspo_lit.rollout import HFEngine, kv_cache
+    from aspo_lit.update_plan import PreUpdate, UpdateRecord
 
     calls = {"cache": 0, "lean": 0, "reused": 0, "records": 0}
     real_cache, real_fill = kv_cache.growing_kv_cache, PreUpdate.fill_from_update
@@ -174,8 +174,8 @@ def test_exact_speedups_keep_the_metrics(testbed, tmp_path, monkeypatch, one_thr
 
     monkeypatch.setattr(kv_cache, "growing_kv_cache", lambda *a: None)
     monkeypatch.setattr(HFEngine.__init__, "__defaults__", _with_default(HFEngine.__init__, decode="generate"))
-    monkeypatch.setattr(ASPOModule, "reuse_first_update_forward", False)
-    monkeypatch.setattr(ASPOModule, "record_last_epoch_only", False)
+    monkeypatch.setattr(PreUpdate, "leave_to_first_update", lambda pre, rows: None)  # the pass computes every row
+    monkeypatch.setattr(UpdateRecord, "made_at", staticmethod(lambda *step: True))  # a record in every epoch
     monkeypatch.setattr(fused_logprobs, "KEEP_LOGITS_MAX", 0)
     calls.update(lean=0, reused=0, records=0)
     assert main(fit_args(testbed, tmp_path, "plain", 8, *epochs)) == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aspo_lit.__main__ import main
-from data_modules.math import RLDataModule
+from aspo_lit.rollout_stage.controller import RolloutController
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,17 +42,17 @@ def test_offline_evaluation_like_the_fit_is_its_validation(testbed, tmp_path, mo
     is left to differ: every sample's text is the fit's and the numbers are equal, not merely
     within a standard error. The fit's samples are read off its DataModule's engine calls."""
     fit_samples: dict[int, dict[tuple[str, int], str]] = {}
-    generate = RLDataModule._generate
+    generate = RolloutController._generate
 
     def recording(self, records, n, sampling):
         completions, sync_s, rollout_s = generate(self, records, n, sampling)
-        if not self.trainer.training:
-            step = fit_samples.setdefault(self.trainer.global_step, {})
+        if not sampling.logprobs:   # the validation loop's calls (RolloutSettings.val_sampling)
+            step = fit_samples.setdefault(self.ranks.step(), {})
             for row, group in zip(records, completions):
                 step.update({(row["id"], s): hashlib.sha1(c.text.encode()).hexdigest() for s, c in enumerate(group)})
         return completions, sync_s, rollout_s
 
-    monkeypatch.setattr(RLDataModule, "_generate", recording)
+    monkeypatch.setattr(RolloutController, "_generate", recording)
     assert main([
         "fit", "--config", str(REPO / "conf/tiny/aspo.yaml"), f"--model.model_name_or_path={testbed}",
         "--seed_everything=3", "--trainer.max_steps=4", "--trainer.val_check_interval=2",

@@ -46,7 +46,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_modules.sources import normalize_golds
+from aspo_lit.data.sources import normalize_golds
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
     benchmark's default file or such files); `<data_dir>/<default file>` (data_dir defaults to
     `default_data_dir()`); the benchmark's hub dataset. A row without a problem or answer, or
     with a non-string answer, in a local file raises ValueError naming the file and line
-    (`data_modules.sources.load_rows`, shared with training).
+    (`aspo_lit.data.sources.load_rows`, shared with training).
     """
     bench = get_benchmark(name)
     if path is None:
@@ -171,7 +171,7 @@ def load_benchmark(name, path=None, data_dir=None) -> list[dict]:
 def _load_local(bench: Benchmark, path: Path) -> list[dict]:
     """Rows of a local file, or of a folder's default file (else all its data files). Rows are
     validated by the training DataModule's loader, so errors name the file and line alike."""
-    from data_modules.sources import load_rows
+    from aspo_lit.data.sources import load_rows
 
     if path.is_dir() and (path / bench.filename).is_file():
         path = path / bench.filename
@@ -193,8 +193,8 @@ def _load_code_local(path: Path) -> list[dict]:
     """Code rows of a local file or folder, each with the ``tests_scope`` its raw row implies:
     LiveCodeBench's layout (``private_test_cases``) holds every test; the staged copies say
     ``public_only``; anything else is graded on the tests it holds (``as_given``)."""
-    from data_modules.code import normalize_code_row
-    from data_modules.sources import collect_rows
+    from aspo_lit.data.code_rows import normalize_code_row
+    from aspo_lit.data.sources import collect_rows
 
     def check(raw, where):
         row = normalize_code_row(raw, where)

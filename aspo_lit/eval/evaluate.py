@@ -23,20 +23,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import json
 import logging
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
+from aspo_lit.eval import like_fit
 from aspo_lit.eval.choice import GPQA_SHUFFLE_SEED, PROMPT_FORMAT, ChoiceReward, encode_choice_prompt, extract_choice
 from aspo_lit.eval.datasets import TABLE1_BENCHMARKS, Benchmark, get_benchmark, load_benchmark
 from aspo_lit.eval.records import model_fingerprint, model_tag, pin_settings, read_done, read_sample_records, write_json
-from aspo_lit.eval.results import RESULT_FIELDS, SE_FIELDS, benchmark_metrics, write_model_results  # noqa: F401 (old home)
-from aspo_lit.export import export_checkpoint, is_checkpoint, load_checkpoint  # noqa: F401 (old home)
+from aspo_lit.eval.results import SE_FIELDS, benchmark_metrics, write_model_results
+from aspo_lit.export import export_checkpoint, is_checkpoint
 from aspo_lit.models import load_tokenizer, resolve_model_path
 from aspo_lit.prompts import encode_code_prompt, encode_prompt
 from aspo_lit.rewards import MathReward, extract_answer
@@ -102,7 +102,7 @@ def evaluate_model(model, benchmarks, out_dir, k=None, temperature=0.8,
     such benchmark is recorded there ({name: reason}) and the others are evaluated.
     stop: stop strings (default none).
     fit_batches: None (default): engine calls of up to `samples_per_call` samples, each seeded by
-    `_call_seed`. An int B: a fit's validation draw (`data_modules.math.RLDataModule.evaluate`):
+    `_call_seed`. An int B: a fit's validation draw (`aspo_lit.rollout_stage.controller.RolloutController.evaluate`):
     calls of B consecutive problems x K samples, every call seeded with `seed` itself.
     """
     out = Path(out_dir) / (tag or model_tag(model))
@@ -346,7 +346,7 @@ def _sample_batch(run, batch, sampling, sink, records, domain="math") -> None:
     engine = run.engine
     n = len(batch[0][2])
     first_index, first_sample = batch[0][0], batch[0][2][0]
-    # a fit's validation seeds every call with its run seed (RLDataModule.val_sampling)
+    # a fit's validation seeds every call with its run seed (RolloutController.val_sampling)
     seed = sampling["seed"] if sampling.get("fit_batches") else _call_seed(sampling["seed"], first_index, first_sample)
     config = SamplingConfig(temperature=sampling["temperature"], top_p=sampling["top_p"],
                             max_tokens=sampling["max_tokens"], stop=sampling.get("stop"), seed=seed)
@@ -450,8 +450,6 @@ def evaluate(model: str, benchmarks: list[str] | None = None, data_paths: dict[s
               "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed,
               "engine": engine, "template": template, "verifier": verifier}
     if like_fit is not None:
-        from aspo_lit.eval.like_fit import evaluate_like_fit
-
         given = [f"--{name}" for name, value in chosen.items() if value is not None]
         if given:
             raise ValueError(f"evaluate: with --like_fit the problems and sampling are the fit's; leave out "
@@ -481,16 +479,17 @@ def setup_logging():
                             stream=sys.stderr)
 
 
-
-# The table commands moved to aspo_lit.eval.table_commands, which imports this module: their old names
-# resolve here on first use (PEP 562), so `from aspo_lit.eval.evaluate import run_table1` keeps working
-# without an import cycle.
-_TABLE_COMMANDS = ("table", "evaluate_table", "run_table", "run_table1", "run_table2", "run_table3",
-                   "table_columns", "check_model", "prepare_benchmark_files", "load_table_benchmarks",
-                   "count_cells")
-
-
-def __getattr__(name: str):
-    if name in _TABLE_COMMANDS:
-        return getattr(importlib.import_module("aspo_lit.eval.table_commands"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def evaluate_like_fit(model: str, config: str | Path, out: str | Path, tag: str | None = None,
+                      dtype: str | None = None) -> dict[str, Any]:
+    """Evaluate `model` (the fit's checkpoint, or its export) on the fit's held-out problems with
+    its validation settings; returns the ``fit_val`` metrics (`evaluate_model`'s). `dtype`
+    overrides ``model.torch_dtype`` (a vLLM fit sampled in the engine's dtype)."""
+    fit = like_fit.fit_validation(config, model)
+    kwargs = fit.evaluate_kwargs()
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    try:
+        return evaluate_model(model, [fit.benchmark()], out, tag=tag, **kwargs)[like_fit.FIT_VAL]
+    finally:   # built from the config, so ours to close: the grader's workers, an engine instance
+        for owned in (fit.reward, None if isinstance(fit.engine, str) else fit.engine):
+            getattr(owned, "close", lambda: None)()

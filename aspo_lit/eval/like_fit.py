@@ -1,15 +1,16 @@
 """A fit's validation as an offline evaluation: ``python -m aspo_lit evaluate --like_fit``.
 
 A fit logs ``val/avg@K`` and ``val/pass@K`` of its held-out problems (`ASPOModule.validation_step`),
-sampled and graded by its DataModule (`data_modules.math.RLDataModule.evaluate`). ``evaluate`` on
+sampled and graded by its DataModule's rollout controller
+(`aspo_lit.rollout_stage.controller.RolloutController.evaluate`). ``evaluate`` on
 its own samples as the paper's evaluation (top_p 0.95, a seed per engine call, the benchmark's
 prompt), so on the same checkpoint the two numbers differ by sampling noise. With ``--like_fit`` it
 takes from the fit's saved config what the validation loop used, and draws the same samples:
 
-* the problems: the DataModule's `val_rows` (its held-out split, ``val_max_problems``, prompts
-  over ``max_prompt_length`` dropped), in its order, encoded by its own ``encode_row`` with the
+* the problems: its task's held-out rows (its held-out split, ``val_max_problems``, prompts
+  over ``max_prompt_length`` dropped), in its order, encoded by the task's ``encode_row`` with the
   fit's tokenizer (``model.model_name_or_path``);
-* the sampling: its `val_sampling` (``val_temperature``, top_p 1.0, ``max_response_length``,
+* the sampling: its controller's `val_sampling` (``val_temperature``, top_p 1.0, ``max_response_length``,
   ``stop``), K = ``val_k``;
 * the calls and seeds: ``val_batch_size`` consecutive problems x K samples per engine call, each
   call seeded with the run's seed (`fit_seed`), as its validation dataloader batches them;
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 import yaml
 
+from aspo_lit.configs import check_moved_class_paths
 from aspo_lit.export import is_checkpoint
 from aspo_lit.rollout import SamplingConfig
 
@@ -51,7 +53,7 @@ class FitValidation:
     datamodule: str                # its data.class_path
     rows: list[dict[str, Any]]     # {id, problem, answer, prompt_ids, ...}, in the loop's order
     k: int                         # data.val_k
-    sampling: SamplingConfig       # RLDataModule.val_sampling()
+    sampling: SamplingConfig       # RolloutController.val_sampling()
     val_batch_size: int            # problems per engine call
     engine: Any                    # data.engine: a name or a RolloutEngine
     dtype: str | None              # model.torch_dtype (None: "auto", the evaluation's default)
@@ -118,7 +120,7 @@ def fit_processes(config: dict[str, Any]) -> int | None:
 
 def _warn_if_sharded(path: Path, config: dict[str, Any]) -> None:
     """A fit on several processes sampled each rank's share of a batch with that rank's seed
-    (`RLDataModule.val_seed`): one process draws other samples of the same problems."""
+    (`aspo_lit.rollout_stage.controller.val_seed`): one process draws other samples of the same problems."""
     processes = fit_processes(config)
     if processes == 1:
         return
@@ -133,64 +135,43 @@ def _warn_if_sharded(path: Path, config: dict[str, Any]) -> None:
 
 
 def fit_validation(config: str | Path, checkpoint: str | Path | None = None) -> FitValidation:
-    """The fit's validation settings, from its config.yaml (and `checkpoint`, for its seed)."""
+    """The fit's validation settings, from its config.yaml (and `checkpoint`, for its seed): its
+    DataModule's task (rows, prompt, reward) and rollout controller (sampling, engine), built from
+    the config as the fit built them; no policy is loaded, only the fit's tokenizer."""
     from aspo_lit.models import load_tokenizer
-    from aspo_lit.module import PolicyHandle
 
     path = fit_config_path(config)
     cfg = yaml.safe_load(path.read_text()) or {}
     data, model = cfg.get("data"), cfg.get("model") or {}
     if not isinstance(data, dict) or not data.get("class_path"):
         raise ValueError(f"like_fit: {path} has no data.class_path: not the config.yaml a fit writes")
+    check_moved_class_paths(path.read_text(errors="replace"), f"like_fit: {path}")
     base = model.get("model_name_or_path")
     if not base:
         raise ValueError(f"like_fit: {path} has no model.model_name_or_path")
     _warn_if_sharded(path, cfg)
     init_args = {**(data.get("init_args") or {}), "seed": fit_seed(cfg, checkpoint)}
     datamodule = _datamodule({"class_path": data["class_path"], "init_args": init_args})
-    tokenizer = load_tokenizer(base)   # the fit's (ASPOModule.tokenizer)
-    # encoding needs only the tokenizer: no policy is built
-    datamodule.attach_policy(PolicyHandle(tokenizer=tokenizer, policy=None, model_path=base, device=torch.device("cpu")))
-    rows = datamodule.val_rows()
+    task, controller, hp = datamodule.task, datamodule.controller, datamodule.hparams
+    rows = task.rows("val")
     if not rows:
         raise ValueError(f"like_fit: the fit of {path} has no held-out problems (data.val_files / data.num_val)")
-    from data_modules.code import CodeRLDataModule
-
-    hp = datamodule.hparams
+    # the fit's tokenizer (ASPOModule.tokenizer) encodes them as its DataModule's val_rows did
+    rows = task.encode(rows[: hp.val_max_problems], "val", load_tokenizer(base), hp.max_prompt_length)
     dtype = model.get("torch_dtype", "float32")
     return FitValidation(
-        config=path, datamodule=data["class_path"], rows=rows, k=hp.val_k, sampling=datamodule.val_sampling(),
-        val_batch_size=hp.val_batch_size, engine=datamodule.engine_spec, dtype=None if dtype == "auto" else dtype,
-        template=hp.prompt_template, reward=datamodule.reward,
-        domain="code" if isinstance(datamodule, CodeRLDataModule) else "math")
-
-
-def evaluate_like_fit(model: str, config: str | Path, out: str | Path, tag: str | None = None,
-                      dtype: str | None = None) -> dict[str, Any]:
-    """Evaluate `model` (the fit's checkpoint, or its export) on the fit's held-out problems with
-    its validation settings; returns the ``fit_val`` metrics (`evaluate_model`'s). `dtype`
-    overrides ``model.torch_dtype`` (a vLLM fit sampled in the engine's dtype)."""
-    from aspo_lit.eval.evaluate import evaluate_model
-
-    fit = fit_validation(config, model)
-    kwargs = fit.evaluate_kwargs()
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    try:
-        return evaluate_model(model, [fit.benchmark()], out, tag=tag, **kwargs)[FIT_VAL]
-    finally:   # built from the config, so ours to close: the grader's workers, an engine instance
-        for owned in (fit.reward, None if isinstance(fit.engine, str) else fit.engine):
-            getattr(owned, "close", lambda: None)()
+        config=path, datamodule=data["class_path"], rows=rows, k=controller.settings.val_k,
+        sampling=controller.val_sampling(), val_batch_size=hp.val_batch_size, engine=controller.engine_spec,
+        dtype=None if dtype == "auto" else dtype, template=hp.prompt_template, reward=task.reward, domain=task.domain)
 
 
 def _datamodule(spec: dict[str, Any]):
     """The fit's DataModule, built from its ``data`` config as LightningCLI builds it."""
     from jsonargparse import ArgumentParser
-
-    from data_modules.math import RLDataModule
+    from lightning.pytorch import LightningDataModule
 
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_subclass_arguments(RLDataModule, "data", required=True)
+    parser.add_subclass_arguments(LightningDataModule, "data", required=True)
     cfg = parser.parse_object({"data": spec})
     return parser.instantiate_classes(cfg)["data"]
 

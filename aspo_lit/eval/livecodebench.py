@@ -9,7 +9,7 @@ files in the hub dataset ``livecodebench/code_generation_lite``; a release is a 
 loads ``release_v5`` and keeps ``2024-08-01 <= contest_date`` up to ``2025-02-01``: 279 problems.
 
 Here each file of the release is fetched with ``huggingface_hub.hf_hub_download`` (through
-`data_modules.mixture.Source`'s ``data_files``; cached, so a second run and an offline node with a
+`aspo_lit.data.mixture.Source`'s ``data_files``; cached, so a second run and an offline node with a
 warm cache read it locally), and a problem is kept when its
 ``contest_date`` lies in the benchmark's half-open window ``[start, end)``:
 
@@ -82,11 +82,11 @@ def load_lcb_release(release: str, contest_dates, hub_id: str = LCB_HUB_ID) -> l
     """Rows ``{id, problem, answer, starter_code, tests_scope}`` of LiveCodeBench release
     ``release`` (e.g. ``"release_v5"``) whose ``contest_date`` is in ``contest_dates`` =
     ``(start, end)``, half-open, in file order; ``answer`` is the test spec (public + private
-    tests). The release files are read as a `data_modules.mixture.Source` with ``data_files``
+    tests). The release files are read as a `aspo_lit.data.mixture.Source` with ``data_files``
     (``hf_hub_download``, as the training configs' LiveCodeBench validation source). A row without
     a usable date, statement or tests raises ``BadRowError`` naming the file and line."""
-    from data_modules.mixture import Source, source_rows
-    from data_modules.sources import BadRowError
+    from aspo_lit.data.mixture import Source, source_rows
+    from aspo_lit.data.sources import BadRowError
 
     if release not in RELEASE_FILES:
         raise ValueError(f"unknown LiveCodeBench release {release!r}; known: {', '.join(RELEASE_FILES)}")
@@ -110,8 +110,8 @@ def load_lcb_release(release: str, contest_dates, hub_id: str = LCB_HUB_ID) -> l
 
 def _in_window(raw, where: str, window: ContestWindow) -> dict | None:
     """One release row, normalized, if it is in ``window`` (out-of-window rows are not decoded)."""
-    from data_modules.code import normalize_code_row
-    from data_modules.sources import BadRowError
+    from aspo_lit.data.code_rows import normalize_code_row
+    from aspo_lit.data.sources import BadRowError
 
     try:
         when = _as_datetime(raw["contest_date"])

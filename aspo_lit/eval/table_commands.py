@@ -7,7 +7,6 @@ the config's keys as typed arguments.
 """
 from __future__ import annotations
 
-import functools
 import logging
 from pathlib import Path
 from typing import Any, Literal
@@ -256,7 +255,8 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
         rows: {base_model, method, model, produced_by?, tag?, sampling?, engine_kwargs?, template?,
             enable_thinking?} per row; base_model / method name the paper's row to compare with.
         benchmarks: benchmark names, or {name, k?, path?, generate?} (see prepare_benchmark_files).
-        table: which of the paper's tables the rows fill.
+        table: which of the paper's tables the rows fill: the command's name (`python -m aspo_lit
+            table2`); a config's `table:` must agree with it.
         out_dir: output folder (default: runs/<table>).
         compare_paper: show the paper's value and the delta in every cell.
         engine: 'auto', 'hf' or 'vllm' (aspo_lit.rollout.build_engine).
@@ -292,10 +292,3 @@ def table(rows: list[dict[str, Any]], benchmarks: list[str | dict[str, Any]],
     print(next(line for line in reversed(lines) if line.startswith("Verdicts against")))
     print(lines[-1])   # the count of computed and missing cells, last
     return 1 if any(r["status"] == "incomplete" for r in rendered) else 0
-
-
-# The names `evaluate_table` had before (tests and user scripts call them): one per table.
-run_table = evaluate_table
-run_table1 = functools.partial(evaluate_table, table="table1")
-run_table2 = functools.partial(evaluate_table, table="table2")
-run_table3 = functools.partial(evaluate_table, table="table3")

@@ -218,7 +218,7 @@ class HFEngine(RolloutEngine):
     def lockstep(self) -> bool:
         """True when every rank must make the same forward passes: the engine samples with the
         policy itself while FSDP2 shards it (each forward all-gathers the weights). A caller gives
-        every rank as many prompts, none empty (`RLDataModule._val_share`)."""
+        every rank as many prompts, none empty (`RolloutController.val_share`)."""
         return self.shares_policy and getattr(self, "model", None) is not None and _is_sharded(self.model)
 
     # ------------------------------------------------------------------------------------------

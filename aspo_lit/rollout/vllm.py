@@ -48,6 +48,7 @@ import gc
 import json
 import logging
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -55,20 +56,38 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from aspo_lit.seeding import derived_seed
 from aspo_lit.settings import check_choice
 
 from .base import Completion, LogprobsMode, RolloutEngine, SamplingConfig, iter_named_tensors
-from .vllm_worker import ASPOWorkerExtension, _rng_states, _set_rng_states  # the class: its old qualified name
 
 log = logging.getLogger(__name__)
 
-__all__ = ["VLLMEngine", "ASPOWorkerExtension", "colocate_env", "configure_vllm_env", "vllm_cache_root"]
+__all__ = ["VLLMEngine", "colocate_env", "configure_vllm_env", "vllm_cache_root"]
 
 _WORKER_EXTENSION = "aspo_lit.rollout.vllm_worker.ASPOWorkerExtension"
 SleepLevel = Literal[1, 2]  # vLLM's sleep levels (VLLMEngine, sleep_level)
+
+
+def _rng_states() -> dict[str, Any]:
+    """The global RNG states (Python, NumPy, torch, CUDA) that vLLM's worker reseeds when it starts
+    and ``aspo_reseed`` reseeds before a seeded ``generate``: an engine sharing the trainer's process
+    swaps them around every call (``VLLMEngine._engine_context``)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if cuda else None}
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what ``_rng_states`` took."""
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None:
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 def vllm_cache_root() -> Path:

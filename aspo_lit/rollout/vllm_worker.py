@@ -15,8 +15,7 @@ layout vLLM converted the MoE experts to. Tied embeddings: the layer-wise reload
 the packed ``lm_head`` is re-tied and re-packed after every reload (on GPU vLLM's ``lm_head`` *is*
 the embedding parameter).
 
-``_rng_states`` / ``_set_rng_states``: the global RNG states (Python, NumPy, torch, CUDA) that
-vLLM's worker reseeds when it starts and ``aspo_reseed`` reseeds before a seeded ``generate``; an
+``aspo_reseed`` reseeds the global RNGs (Python, NumPy, torch) before a seeded ``generate``; an
 engine that shares the trainer's process swaps them around every call (``aspo_lit.rollout.vllm``).
 """
 
@@ -26,7 +25,6 @@ import contextlib
 import random
 import time
 from collections.abc import Iterable
-from typing import Any
 
 import numpy as np
 import torch
@@ -149,18 +147,3 @@ def _layer_kind(module: torch.nn.Module) -> str:
                 (RowParallelLinear, "row"), (LinearBase, "column"), (RoutedExperts, "experts"))
     return next((kind for cls, kind in families if isinstance(module, cls)), "other")
 
-
-def _rng_states() -> dict[str, Any]:
-    """The global RNG states vLLM's worker reseeds (module docstring)."""
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if cuda else None}
-
-
-def _set_rng_states(states: dict[str, Any]) -> None:
-    """Restore what ``_rng_states`` took."""
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] is not None:
-        torch.cuda.set_rng_state_all(states["cuda"])

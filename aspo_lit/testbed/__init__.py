@@ -3,7 +3,7 @@
 ``arithmetic`` and ``multistep`` generate the math tasks, ``tiny_code`` the code task; ``build``
 trains the tiny llama/qwen3 policy and tokenizer from a config (``config``: ``TestbedConfig``,
 ``PROFILES`` names the shipped ones, the cache folder) out of ``tokenizer``, ``model``, ``sft``
-and ``evaluation``, and ``code`` the code policy. See docs/testbed.md and docs/testbed-long.md.
+and ``evaluation``, and ``code`` the code policy. See docs/testbed.md and docs/studies/testbed-long.md.
 """
 
 from aspo_lit.testbed.build import build_testbed

@@ -19,7 +19,7 @@ own policy on first use:
 Two named profiles (:data:`PROFILES`): ``testbed``, the fast demo above (1–3 forced steps,
 ``aspo_lit.testbed.arithmetic``), and ``testbed-long``, the paper's regime (4–7 steps whose wording is
 free, ``aspo_lit.testbed.multistep``; long answers with many free tokens, stopped on *sampled*
-accuracy; docs/testbed-long.md).
+accuracy; docs/studies/testbed-long.md).
 
 The result is saved with ``save_pretrained`` into ``<cache_dir>/testbed-<confighash>/`` with a
 ``testbed.json`` summary, built in a temporary folder and renamed into place, and reused until the

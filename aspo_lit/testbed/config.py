@@ -106,7 +106,7 @@ class TestbedConfig:
 
 #: Named testbeds: ``model_name_or_path: testbed`` (the fast demo: 1-3 forced steps, ~21-token
 #: answers, 0.09 nats/token) and ``testbed-long`` (the paper's regime: 4-7 operations worded
-#: freely, ~170-token answers, 0.44 nats/token; docs/testbed-long.md).
+#: freely, ~170-token answers, 0.44 nats/token; docs/studies/testbed-long.md).
 PROFILES: dict[str, TestbedConfig] = {
     "testbed": TestbedConfig(),
     "testbed-long": TestbedConfig(

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from data_modules.sources import BadRowError
+from aspo_lit.data.sources import BadRowError
 
 MISSING = object()   # a field path that leads nowhere (distinct from a stored null)
 

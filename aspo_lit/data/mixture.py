@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from data_modules.filters import RowFilter
-from data_modules.sources import BAD_ROW_POLICIES, BadRowError, raw_rows
+from aspo_lit.data.filters import RowFilter
+from aspo_lit.data.sources import BAD_ROW_POLICIES, BadRowError, raw_rows
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Source:
             row that does not match it is a bad row.
         layout: code rows only: ``fields`` (normalized, LiveCodeBench, DeepCoder and verl-style
             rows, through ``fields``), ``code_contests`` or ``codeforces``
-            (`data_modules.code_layouts`).
+            (`aspo_lit.data.code_layouts`).
         filters: `RowFilter` s applied to the upstream rows, in order; the first that drops a
             row is the one counted.
     """
@@ -110,7 +110,7 @@ def _as_filter(spec: Any, tag: str) -> RowFilter:
         module, _, name = spec["class_path"].rpartition(".")
         spec = getattr(importlib.import_module(module), name)(**(spec.get("init_args") or {}))
     if not isinstance(spec, RowFilter):
-        raise ValueError(f"source {tag!r}: a filter must be a data_modules.filters.RowFilter, got {spec!r}")
+        raise ValueError(f"source {tag!r}: a filter must be a aspo_lit.data.filters.RowFilter, got {spec!r}")
     return spec
 
 

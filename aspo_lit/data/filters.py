@@ -1,13 +1,13 @@
 """Row filters declared in the config: which upstream rows a source keeps (paper §7.1, Appendix B:
 "all datasets are cleaned and filtered following the preprocessing protocol of [35]").
 
-A filter reads the raw upstream row (field paths as in `data_modules.fields.field_value`) before
+A filter reads the raw upstream row (field paths as in `aspo_lit.data.fields.field_value`) before
 the row is converted, so a row it drops is never checked or used. Each one has a ``name``: the
 kept/dropped counts are logged and exported per source and per filter under that name
 (``data/<split>/<source>/filter/<name>``). Name one in YAML by ``class_path``:
 
     filters:
-      - class_path: data_modules.filters.FieldRange     # Skywork-OR1's difficulty filter (1.5B)
+      - class_path: aspo_lit.data.filters.FieldRange     # Skywork-OR1's difficulty filter (1.5B)
         init_args: {field: extra_info.model_difficulty.DeepSeek-R1-Distill-Qwen-1.5B, min: 1, max: 15, name: difficulty}
 
 A filter that needs the policy's own rollouts (a pass rate measured now) cannot run while the
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from data_modules.fields import MISSING, field_value
+from aspo_lit.data.fields import MISSING, field_value
 
 
 class RowFilter:

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from data_modules.fields import MISSING, field_value
-from data_modules.sources import BadRowError
+from aspo_lit.data.fields import MISSING, field_value
+from aspo_lit.data.sources import BadRowError
 
 LAYOUTS = ("fields", "code_contests", "codeforces")
 DEFAULT_TESTS = {"code_contests": "public_tests+private_tests", "codeforces": "official_tests"}
