@@ -39,7 +39,7 @@ all its micro-batches: the micro-batches' backwards accumulate into `PromptState
 `prompt_backward_term` carries that sum through the prompt pass once. The log-probs, entropy
 and gradients are the row-by-row ones in exact arithmetic; in floating point the prompt's matmuls
 and attention run in other shapes, so they agree to rounding (~1e-6 on the testbeds,
-tests/test_shared_prompt.py), not bit for bit. It applies (`prompt_sharing_applies`) to the
+tests/unit/test_shared_prompt.py), not bit for bit. It applies (`prompt_sharing_applies`) to the
 fused model families with plain ``DynamicLayer`` caches, without gradient checkpointing
 (transformers drops the cache under it), on an unsharded model: with FSDP2 a layer reshards after
 its backward, possibly before the gradient reaching its shared prompt through the cache needs its

@@ -32,7 +32,7 @@ its first differences, centred locally so that a trend that bends does not read 
 used only when it is evidence of correlation). With ``rho`` estimated from a 40-value history, the
 test on its last 10 values rejects 4.5 %, 8.5 % and 11.5 % of AR(1) series at ``rho`` 0, 0.3 and 0.5
 (plain: 4.8 %, 10.5 %, 17.7 %; 3,000 series each): the excess about halved, the power on independent
-noise kept (the health verdict's decline tests, tests/test_health.py). Forty noisy values say little
+noise kept (the health verdict's decline tests, tests/unit/test_health.py). Forty noisy values say little
 more.
 
 References: H. B. Mann, "Nonparametric tests against trend", Econometrica 13 (1945); M. G. Kendall,

@@ -19,7 +19,8 @@ from tools.char_tokenizer import build_char_tokenizer
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-# Whole modules by kind, for `make test-fast` (pyproject.toml names the markers). A test in another
+# Whole modules by kind, for `make test-fast` (pyproject.toml names the markers), by file name: all in
+# tests/integration/ (tests/unit/test_layout.py checks each names one file there). A test in another
 # module that starts processes carries @pytest.mark.multiproc itself.
 MODULE_MARKERS = {
     "multiproc": ("test_colocate", "test_sharded"),
@@ -37,7 +38,7 @@ def pytest_configure(config):
     (tools/gpu_check.py: 97 s alone, 489 s beside the other worker). A thread count the user set
     is kept."""
     config.addinivalue_line("markers", "alone: runs in `make test`'s serial phase, no other test beside it "
-                                       "(tests/test_sharded.py's validation test: see docs/ci.md)")
+                                       "(tests/integration/test_sharded.py's validation test: see docs/ci.md)")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers < 2:
         return
@@ -117,9 +118,9 @@ def shared_data_dir() -> Path:
 
 @pytest.fixture
 def one_thread():
-    """One torch thread for the test (tests/tolerance.py's `torch_threads`): where results are
+    """One torch thread for the test (tests/helpers/tolerance.py's `torch_threads`): where results are
     claimed bit for bit (the lean sampling loop against `generate`, two fits of one seed)."""
-    from tests.tolerance import torch_threads
+    from tests.helpers.tolerance import torch_threads
 
     with torch_threads(1):
         yield

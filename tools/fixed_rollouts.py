@@ -1,7 +1,8 @@
 """Fixed synthetic rollout batches as a LightningDataModule: the same batches on every rank, each
 rank taking its share of the step's groups, and graded validation rollouts split unevenly over 2
-ranks. The sharded and fp16 fit tests train on them (tests/sharded_fit.py, tests/fp16_fit.py,
-tests/sharded_resume.py), and so does tools/perf/bench_load_memory.py."""
+ranks. The sharded and fp16 fit tests train on them (tests/multiproc/sharded_fit.py,
+tests/multiproc/fp16_fit.py, tests/multiproc/sharded_resume.py), and so does
+tools/perf/bench_load_memory.py."""
 
 from __future__ import annotations
 

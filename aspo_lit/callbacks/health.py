@@ -73,7 +73,7 @@ ENTROPY, REWARD, CLIP, KL = "train/entropy", "train/reward_mean", "clip/pos_high
 STATUS = {"healthy": 0, "watch": 1, "collapsed": 2}
 # A level shift between the first and last window counts beyond 4 SE: with the SE estimated from two windows
 # of 10 batches (Student t, ~18 degrees of freedom) a one-sided 0.04 % per check on noise, and on the demo's
-# measured noise 6 more of 2,000 flat 40-batch runs read watch at some check (tests/test_health.py).
+# measured noise 6 more of 2,000 flat 40-batch runs read watch at some check (tests/unit/test_health.py).
 SHIFT_SE = 4.0
 # The reward rose (App. D's "policy learning effectively", which excuses a rising KL or clip ratio) when
 # its last window's mean is above its first's by more than 2 SE of the difference: a one-sided ~3 % test.

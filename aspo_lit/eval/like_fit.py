@@ -18,10 +18,10 @@ takes from the fit's saved config what the validation loop used, and draws the s
   (``data.reward``).
 
 With the transformers engine on one process the samples are the fit's bit for bit, so avg@K and
-pass@K are the logged ones (tests/test_val_equals_eval.py). A fit on several processes split each
-batch over its ranks, each rank sampling its share with its own seed (docs/gpu.md, "Validation
-shards"): the evaluation, one process, warns that it draws other samples of the same problems
-(`fit_processes`). docs/evaluation.md, "In-training
+pass@K are the logged ones (tests/integration/test_val_equals_eval.py). A fit on several processes
+split each batch over its ranks, each rank sampling its share with its own seed (docs/gpu.md,
+"Validation shards"): the evaluation, one process, warns that it draws other samples of the same
+problems (`fit_processes`). docs/evaluation.md, "In-training
 validation and offline evaluation", says where the two may still differ.
 """
 from __future__ import annotations

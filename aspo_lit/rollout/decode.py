@@ -31,7 +31,7 @@ of 6 and round the remainder rows differently, at any height. :func:`rows_are_st
 BLAS the model runs on, for each of its weight shapes, at the heights and offsets the loop uses;
 where it fails, the engine runs the loop at ``generate``'s heights (``full_height``: every row of
 the call, in its order, at every step: the prompt computed once per row, no row leaving the batch).
-Either way the samples and log-probs are ``generate``'s bit for bit (tests/test_rollout.py, under
+Either way the samples and log-probs are ``generate``'s bit for bit (tests/unit/test_rollout.py, under
 every kernel setting CI runs); only the saving is lost on a BLAS that is not row-stable. With more
 threads MKL may split a product of another height differently, so a row can round differently in
 the last bit and, rarely, a sample differs from the one ``generate`` would have drawn; the sampler

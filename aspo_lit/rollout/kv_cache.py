@@ -13,7 +13,7 @@ short cache (the 64-token demo testbed samples ~8 % slower with the buffer from 
 
 The view holds the same values as the concatenated tensor, row by row and in the same order, so
 attention returns the same bits: the engine's samples and log-probs are those of the default
-cache (tests/test_rollout.py). transformers' ``StaticCache`` avoids the copies too, but attends
+cache (tests/unit/test_rollout.py). transformers' ``StaticCache`` avoids the copies too, but attends
 over the whole preallocated length (masked), which changes the log-probs in the 6th digit.
 """
 
