@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED := 1
 # fewer threads rounds otherwise. aspo_lit sets it at import, which is too late where torch (so MKL)
 # was loaded first, as in a pytest worker; set here, every process starts with it (a user's own
 # setting is kept). It did not by itself stop the bitwise fit tests' rare failures: those now run
-# on one thread (tests/test_training.py).
+# on one thread (tests/integration/test_training.py).
 export MKL_DYNAMIC ?= FALSE
 comma := ,
 # the staged benchmark copies next to a checkout (docs/data.md); set ASPO_DATA_DIR yourself elsewhere
@@ -21,11 +21,11 @@ export ASPO_DATA_DIR ?= $(abspath ../shared/data)
 endif
 space := $(subst ,, )
 
-.PHONY: setup test test-fast test-numerics test-all lint format demo demo-seeds testbed gpu-check rehearse reproduce-table1 figure2 study study-quick study-short study-v2 study-mechanism study-staleness study-bands bench clean help
+.PHONY: setup test test-fast test-numerics test-all lint format demo demo-seeds testbed gpu-check rehearse faults reproduce-table1 figure2 study study-quick study-short study-v2 study-mechanism study-staleness study-bands bench clean help
 .PHONY: testbed-code tiny-code reproduce-table2 bench-code reproduce-table3
 
 help:
-	@echo "make demo | demo-seeds | test | test-fast | test-numerics | test-all | lint | format | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | study-mechanism | study-staleness | study-bands | bench"
+	@echo "make demo | demo-seeds | test | test-fast | test-numerics | test-all | lint | format | setup | testbed | gpu-check | rehearse [CONFIGS='aspo grpo'] | faults | reproduce-table1 [PROFILE=tiny] | figure2 RUNS='a b' | study | study-quick | study-short | study-v2 [STAGE=2] | study-mechanism | study-staleness | study-bands | bench"
 	@echo "code:  make testbed-code | tiny-code | reproduce-table2 [PROFILE=tiny] | bench-code"
 	@echo "out of domain:  make reproduce-table3 [PROFILE=tiny]"
 
@@ -99,6 +99,12 @@ gpu-check:
 # verdicts in runs/rehearsal/<config>.json.
 rehearse: $(STAMP)
 	$(PY) -m tools.rehearsal.run $(CONFIGS)
+
+# Each fault an operator meets (kill -9, SIGTERM, Ctrl-C twice, a full checkpoint disk, a torn checkpoint,
+# a NaN reward, a resume with another loss, two fits on one folder) done to a 6-batch demo fit, and a
+# table: fault | outcome | nothing lost (~10 min on 2 cores; docs/running.md). FAULTS='kill9 sigterm': those only.
+faults: $(STAMP)
+	$(PY) -m tools.faults $(if $(FAULTS),--only $(FAULTS))
 
 demo: $(STAMP)
 	$(PY) -m aspo_lit fit --config conf/tiny/aspo.yaml

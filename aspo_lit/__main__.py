@@ -143,11 +143,19 @@ def main(argv: list[str] | None = None) -> int:
 
     if argv is None:
         sys.argv[1:] = words  # LightningCLI warns when given args while sys.argv has words of its own
+    from aspo_lit.callbacks.checkpoint import ResumeRefused
+    from aspo_lit.checkpoint_io import CheckpointSpaceError, CheckpointUnreadable
+    from aspo_lit.run_lock import RunFolderHeld
+
     try:
         run_cli(None if argv is None else words)
     except ConfigError as err:
         print(f"aspo-lit: config error: {err}", file=sys.stderr)
         return 2
+    except (RunFolderHeld, ResumeRefused, CheckpointUnreadable, CheckpointSpaceError) as err:
+        # a run that stopped for its folder or its checkpoint: what and where, without a traceback
+        print(f"aspo-lit: {err.strerror if isinstance(err, OSError) else err}", file=sys.stderr)
+        return 1
     return 0
 
 

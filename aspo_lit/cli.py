@@ -37,7 +37,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 
-from aspo_lit.callbacks import GracefulInterrupt, TrainingStats
+from aspo_lit.callbacks import GracefulInterrupt, RunCheckpoint, TrainingStats
 from aspo_lit.configs import check_moved_class_paths
 from aspo_lit.fp16 import check_precision, check_weights_dtype
 from aspo_lit.module import ASPOModule
@@ -266,3 +266,14 @@ class ASPOCLI(LightningCLI):
         missing = missing_callbacks(self.trainer.callbacks) if self.subcommand in ("fit", None) else []
         if missing:
             rank_zero_warn(missing_callbacks_warning(missing))
+
+    def before_fit(self) -> None:
+        """``--ckpt_path last`` with nothing to resume stops in one line (Lightning would warn and
+        start a new run)."""
+        if self.config["fit"].get("ckpt_path") != "last":
+            return
+        ours = [cb for cb in self.trainer.checkpoint_callbacks if isinstance(cb, RunCheckpoint)]
+        if not ours or any(cb.last_checkpoints(self.trainer) for cb in ours):
+            return   # Lightning resolves "last" for another checkpoint callback itself
+        raise ConfigError(f"--ckpt_path last: no last checkpoint in {ours[0].dirpath}: nothing to resume; leave "
+                          "out --ckpt_path to start the run")

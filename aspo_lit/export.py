@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
 
+from aspo_lit.checkpoint_io import unreadable
 from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path
 
 
@@ -71,8 +73,13 @@ def load_checkpoint(ckpt_path: Path) -> dict:
     def torch_load(path):
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:   # noqa: BLE001 - our own checkpoints: hyper-parameters may hold non-tensor objects
+        except Exception as err:   # noqa: BLE001 - our own checkpoints: hyper-parameters may hold non-tensor objects
+            if not zipfile.is_zipfile(path):   # empty, garbage: never unpickled without weights_only
+                raise unreadable(Path(path), err) from None
+        try:
             return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as err:   # noqa: BLE001 - a torn file: named, with what to use instead
+            raise unreadable(Path(path), err) from None
 
     if not ckpt_path.is_dir():
         return torch_load(ckpt_path)

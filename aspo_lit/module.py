@@ -599,6 +599,9 @@ class ASPOModule(ReferenceHolder, LightningModule):
             grad_norm = float("nan")
             if not (loss_finite and scale is not None and scale > 1):
                 self._nonfinite_in_a_row += 1
+                rank_zero_warn(f"step {self.global_step}: skipped an optimizer step with a non-finite "
+                               f"{'gradient norm' if loss_finite else 'loss'} ({self._nonfinite_in_a_row} in a row; "
+                               f"the run stops at model.max_nonfinite_steps={self.hparams.max_nonfinite_steps})")
             if self._nonfinite_in_a_row >= self.hparams.max_nonfinite_steps:
                 raise NonFiniteTrainingError(
                     f"{self._nonfinite_in_a_row} optimizer steps in a row had a non-finite loss or gradient "

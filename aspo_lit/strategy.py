@@ -22,12 +22,15 @@ Each rank runs its share of the host's physical cores as torch threads (`aspo_li
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
+from aspo_lit.checkpoint_io import staging_path, swap_folder
 from aspo_lit.settings import check_choice
 from aspo_lit.threads import set_threads_per_rank, user_thread_settings
 
@@ -68,6 +71,23 @@ class FSDP2Strategy(ModelParallelStrategy):
     def set_threads(self) -> None:
         """This rank's torch threads: its share of the host's cores (`aspo_lit.threads`), logged once."""
         rank_zero_info(set_threads_per_rank(self.num_processes, self.user_thread_settings))
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        """A sharded checkpoint folder is written beside its target and swapped in whole
+        (`aspo_lit.checkpoint_io.swap_folder`): a save that fails leaves the previous one loadable.
+        A single-file checkpoint goes through the CheckpointIO (atomic: `AtomicCheckpointIO`)."""
+        if not self._save_distributed_checkpoint or storage_options is not None:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(filepath))
+        staged = staging_path(path)
+        if self.global_rank == 0 and staged.exists():
+            shutil.rmtree(staged)
+        self.barrier("staging")
+        super().save_checkpoint(checkpoint, staged)
+        self.barrier("staged")
+        if self.global_rank == 0:
+            swap_folder(staged, path)
+        self.barrier("swapped")
 
     @property
     def mp_policy(self):

@@ -132,8 +132,14 @@ class RLDataModule(LightningDataModule):
         settings = RolloutSettings(**{key: hp[key] for key in RolloutSettings.__dataclass_fields__})
         # the seed used (hparams keep the config's value; null = seed_everything's, in config.yaml);
         # LightningCLI has run seed_everything before building the classes
-        self.controller = RolloutController(settings, engine, grader=lambda: self.task.reward,
-                                            policy=lambda: self.policy_handle, seed=run_seed(seed))
+        self.controller = RolloutController(settings, engine, grader=self._grader, policy=self._policy,
+                                            seed=run_seed(seed))
+
+    def _grader(self):
+        return self.task.reward
+
+    def _policy(self) -> PolicyHandle:
+        return self.policy_handle
 
     def build_task(self) -> Task:
         """The rows, prompt and reward of this DataModule's problems (a subclass builds its own)."""

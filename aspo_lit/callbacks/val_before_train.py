@@ -14,13 +14,30 @@ from __future__ import annotations
 from lightning.pytorch import Callback
 
 
+def validate_now(trainer) -> None:
+    """Run the fit's own validation loop once, now, as the training epoch loop does at
+    ``val_check_interval`` (also `RunCheckpoint`'s, for a validation a crash put off)."""
+    loop = trainer.fit_loop.epoch_loop
+    first_loop_iter = trainer._logger_connector._first_loop_iter
+    trainer.validating = True  # the active loop is the validation loop while it runs
+    loop.val_loop.run()
+    trainer.training = True
+    trainer._logger_connector._first_loop_iter = first_loop_iter
+
+
+def validation_due(trainer) -> bool:
+    """Whether the training epoch loop validates after the batch in progress (batch-based
+    ``val_check_interval``: Lightning's rule)."""
+    every = trainer.val_check_batch
+    if not trainer.training or not trainer.enable_validation or not every or every == float("inf"):
+        return False
+    loop = trainer.fit_loop.epoch_loop
+    done = loop.total_batch_idx if trainer.check_val_every_n_epoch is None else loop.batch_idx
+    return (done + 1) % every == 0
+
+
 class ValBeforeTrain(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.global_step > 0 or trainer.limit_val_batches == 0 or trainer.sanity_checking:
             return
-        loop = trainer.fit_loop.epoch_loop
-        first_loop_iter = trainer._logger_connector._first_loop_iter
-        trainer.validating = True  # the active loop is the validation loop while it runs
-        loop.val_loop.run()
-        trainer.training = True
-        trainer._logger_connector._first_loop_iter = first_loop_iter
+        validate_now(trainer)

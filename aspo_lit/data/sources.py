@@ -62,11 +62,17 @@ def raw_rows(source: str, split: str) -> Iterator[tuple[str, Any]]:
     source = expand_source(source)
     path = Path(source)
     if path.is_file() and path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, start=1):
+        with path.open("rb") as handle:
+            for lineno, raw in enumerate(handle, start=1):
+                where = f"{path}:{lineno}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    yield where, BadRowError(f"{where}: not UTF-8 (byte 0x{raw[err.start]:02x} at column "
+                                             f"{err.start + 1})")
+                    continue
                 if not line.strip():
                     continue
-                where = f"{path}:{lineno}"
                 try:
                     yield where, json.loads(line)
                 except json.JSONDecodeError as err:

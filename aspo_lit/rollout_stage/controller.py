@@ -141,7 +141,14 @@ class RolloutController:
         texts = [c.text for group in completions for c in group]
         golds = [r["answer"] for r in records for _ in range(s.group_size)]
         start = time.perf_counter()
-        rewards = torch.tensor(self.grader().batch(texts, golds), dtype=torch.float32)
+        grader = self.grader()
+        rewards = torch.tensor(grader.batch(texts, golds), dtype=torch.float32)
+        if not torch.isfinite(rewards).all():
+            i = int((~torch.isfinite(rewards)).nonzero()[0])
+            raise ValueError(f"{type(grader).__name__} gave a reward of {float(rewards[i])} to sample {i % s.group_size} "
+                             f"of prompt id {records[i // s.group_size].get('id')!r} (of {int((~torch.isfinite(rewards)).sum())} "
+                             f"non-finite in this batch): a reward must be a finite number; response starts "
+                             f"{texts[i][:80]!r}")
         lengths = torch.tensor([len(c.token_ids) for group in completions for c in group])
         rewards = rewards + self.overlong_penalty(lengths)
         reward_s = time.perf_counter() - start

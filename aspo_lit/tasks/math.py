@@ -67,5 +67,14 @@ class MathTask(Task):
         rows, gold_stats = self.normalize_answers(rows, split)
         self.record({**mixture_stats(reports, split), **gold_stats})
         if not rows:
-            raise BadRowError(f"data.{split}_files: no usable rows in {[s.tag for s in sources]}")
+            raise BadRowError(f"data.{split}_files: no usable rows in "
+                              f"{', '.join(f'{s.tag} ({_where(s)})' for s in sources)}")
         return rows
+
+
+def _where(source: Source) -> str:
+    """What a source read: its staged file, a local path made absolute, or the hub id."""
+    staged = source.staged_file()
+    if staged is not None:
+        return str(staged)
+    return os.path.abspath(source.path) if os.path.exists(source.path) else source.path
