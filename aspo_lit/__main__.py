@@ -46,11 +46,11 @@ TOOLS: dict[str, Tool] = {
                    "conf/table2.yaml", fixed={"table": "table2"}),
     "table3": Tool("aspo_lit.eval.table_commands:table", "evaluate conf/table3.yaml's rows (ARC-Challenge, GPQA-Diamond, "
                    "MMLU-Pro), Table 3 beside the paper", "conf/table3.yaml", fixed={"table": "table3"}),
-    "figure2": Tool("aspo_lit.figures:figure2", "overlay the paper's Figure 2 panels for several runs", positional=True),
+    "figure2": Tool("aspo_lit.training.figures:figure2", "overlay the paper's Figure 2 panels for several runs", positional=True),
     "study": Tool("experiments.study:study", "the pre-registered CPU-scale study of the paper's training dynamics"),
-    "reference": Tool("aspo_lit.compare:reference", "per-window bands (mean, SD, SE over seeds) of one config's runs",
+    "reference": Tool("aspo_lit.compare.commands:reference", "per-window bands (mean, SD, SE over seeds) of one config's runs",
                       positional=True, variadic=True),
-    "compare": Tool("aspo_lit.compare:compare", "a run against a reference's bands: first window out per metric, "
+    "compare": Tool("aspo_lit.compare.commands:compare", "a run against a reference's bands: first window out per metric, "
                     "exit 1 on any", positional=True),
 }
 
@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         sys.argv[1:] = words  # LightningCLI warns when given args while sys.argv has words of its own
     from aspo_lit.callbacks.checkpoint import ResumeRefused
-    from aspo_lit.checkpoint_io import CheckpointSpaceError, CheckpointUnreadable
-    from aspo_lit.run_lock import RunFolderHeld
+    from aspo_lit.training.checkpoint_io import CheckpointSpaceError, CheckpointUnreadable
+    from aspo_lit.training.run_lock import RunFolderHeld
 
     try:
         run_cli(None if argv is None else words)

@@ -39,13 +39,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from aspo_lit.callbacks import GracefulInterrupt, RunCheckpoint, TrainingStats
 from aspo_lit.configs import check_moved_class_paths
-from aspo_lit.fp16 import check_precision, check_weights_dtype
-from aspo_lit.module import ASPOModule
+from aspo_lit.maths.fp16 import check_precision, check_weights_dtype
+from aspo_lit.maths.sampler_mismatch import check_truncated_support
+from aspo_lit.maths.settings import check_positive_int
+from aspo_lit.maths.step import updates_per_rollout
+from aspo_lit.maths.update_plan import rows_per_minibatch
 from aspo_lit.rollout_stage.settings import check_group_size, prompts_per_rank
-from aspo_lit.sampler_mismatch import check_truncated_support
-from aspo_lit.settings import check_positive_int
-from aspo_lit.step import updates_per_rollout
-from aspo_lit.update_plan import rows_per_minibatch
+from aspo_lit.training.module import ASPOModule
 
 # Expected here, not actionable: the checkpoint is meant to hold the state after a completed step
 # (manual optimisation), and the frozen reference policy is in eval mode on purpose.
@@ -84,14 +84,14 @@ def check_config(cfg: Any) -> None:
             rows_per_minibatch(mini, group, world)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    try:  # a nucleus cut where the sampler's log-probs reach the loss (aspo_lit.sampler_mismatch)
+    try:  # a nucleus cut where the sampler's log-probs reach the loss (aspo_lit.maths.sampler_mismatch)
         check_truncated_support(float(data_args.get("top_p") or 1.0), str(model.get("old_logprobs") or "recompute"),
                                 model.get("rollout_is_cap"))
     except ValueError as err:
         raise ConfigError(str(err)) from err
     precision = str(trainer.get("precision") or "")
     dtype = str(model.get("torch_dtype") or "float32")
-    try:  # fp16 compute trains only with fp32 master weights and the grad scaler (aspo_lit.fp16)
+    try:  # fp16 compute trains only with fp32 master weights and the grad scaler (aspo_lit.maths.fp16)
         check_precision(precision)
         check_weights_dtype(dtype)
     except ValueError as err:
@@ -104,7 +104,7 @@ def check_config(cfg: Any) -> None:
                 f"half-precision weights ({'trainer.precision' if half == precision else 'model.torch_dtype'}={half}) "
                 f"cannot take AdamW steps of model.lr={lr}: most updates round away. Keep fp32 master weights "
                 "(trainer.precision: 32-true, model.torch_dtype: float32) and compute in bf16 with "
-                "trainer.strategy: aspo_lit.strategy.FSDP2Strategy (param_dtype: bfloat16)")
+                "trainer.strategy: aspo_lit.training.strategy.FSDP2Strategy (param_dtype: bfloat16)")
 
 
 ESSENTIAL_CALLBACKS = (

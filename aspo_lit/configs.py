@@ -73,6 +73,7 @@ def shipped_reference(name: str, folder: Path = SHIPPED_REFERENCES) -> Path | No
 MOVED_CLASS_PATHS = {
     "data_modules.math.MathRLDataModule": "data_modules.math.RLDataModule",
     "aspo_lit.rollout.VLLMEngine": "aspo_lit.rollout.vllm.VLLMEngine",
+    "aspo_lit.strategy.": "aspo_lit.training.strategy.",
     **{f"data_modules.{module}.": f"aspo_lit.data.{module}." for module in ("filters", "mixture", "sources", "fields",
                                                                            "code_layouts")},
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from aspo_lit.data.mixture import Source
-from aspo_lit.settings import check_choice
+from aspo_lit.maths.settings import check_choice
 from aspo_lit.tasks.code import CodeTask, Sandbox
 from data_modules.math import RLDataModule
 

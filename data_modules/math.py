@@ -18,6 +18,7 @@ from lightning.pytorch import LightningDataModule
 
 from aspo_lit.data.mixture import Source
 from aspo_lit.data.sources import OnBadRow, PromptBatches
+from aspo_lit.maths.seeding import derived_seed, run_seed
 from aspo_lit.rewards.math import RewardFn
 from aspo_lit.rollout.base import RolloutEngine
 from aspo_lit.rollout.process import EngineProcessError
@@ -31,12 +32,11 @@ from aspo_lit.rollout_stage.settings import (
     prompts_per_rank,
     refuse_staleness_on_gpus,
 )
-from aspo_lit.seeding import derived_seed, run_seed
 from aspo_lit.tasks.base import Task
 from aspo_lit.tasks.math import MathTask
 
 if TYPE_CHECKING:
-    from aspo_lit.module import PolicyHandle
+    from aspo_lit.training.module import PolicyHandle
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class RLDataModule(LightningDataModule):
             batches of a run or a resume), exactly, on every run. Validation samples in this process.
         engine_threads: the engine process's torch threads (k >= 1; null: this process's count).
         seed: shuffling and sampling seed; null (the default) takes the run's ``seed_everything``,
-            so that one key seeds a run (aspo_lit/seeding.py).
+            so that one key seeds a run (aspo_lit/maths/seeding.py).
     """
 
     def __init__(
@@ -171,7 +171,7 @@ class RLDataModule(LightningDataModule):
         """The policy this DataModule samples for, with its tokenizer, checkpoint and device.
 
         The one handshake with the LightningModule: taken from its ``policy_handle()`` (which
-        `aspo_lit.module.ASPOModule` implements, and any module trained with this DataModule must)
+        `aspo_lit.training.module.ASPOModule` implements, and any module trained with this DataModule must)
         at the first prompt encoding or rollout of a run, and dropped at ``teardown`` with the engine
         it was attached to. Not in ``setup``: Lightning builds the policy in the module's
         ``configure_model``, after every ``setup`` hook. `attach_policy` hands one over without a Trainer.

@@ -27,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aspo_lit.bands import window_values
-from aspo_lit.run_reference import (
+from aspo_lit.compare.run_reference import (
     METRICS,
     build_reference,
     compare_run,
@@ -36,7 +35,8 @@ from aspo_lit.run_reference import (
     leave_one_out,
     parse_reference,
 )
-from aspo_lit.runlog import load_run, resolve_metrics
+from aspo_lit.compare.runlog import load_run, resolve_metrics
+from aspo_lit.maths.bands import window_values
 from experiments.sensitivity import REGRESSIONS
 
 REFERENCE = Path(__file__).resolve().parents[1] / "aspo_lit" / "references" / "demo.json"

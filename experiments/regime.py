@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aspo_lit.figures import accuracy_key
+from aspo_lit.training.figures import accuracy_key
 from experiments.results import head_mean, read_run, tail_mean
 
 __all__ = ["Regime", "measure", "regime_of", "accuracy", "main"]

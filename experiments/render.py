@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from aspo_lit.figures import PANELS, ema_smooth
+from aspo_lit.training.figures import PANELS, ema_smooth
 from experiments.claims import Claim, Verdict, judge
 from experiments.regime import MIN_RISE, regime_of
 from experiments.results import ACCURACY, Results

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from aspo_lit.figures import accuracy_key, read_metrics
+from aspo_lit.training.figures import accuracy_key, read_metrics
 from experiments.runner import read_json, run_name
 
 if TYPE_CHECKING:

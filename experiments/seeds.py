@@ -4,7 +4,7 @@
     make demo-seeds                      # the demo config over seeds 0-4 (docs/demo.md)
 
 Each seed is one ``python -m aspo_lit fit`` with ``--seed_everything=<seed>`` (the run's one seed,
-aspo_lit/seeding.py) into ``<out>/s<seed>/version_0``; words after ``--`` are passed to every run
+aspo_lit/maths/seeding.py) into ``<out>/s<seed>/version_0``; words after ``--`` are passed to every run
 (e.g. ``-- --model.lr=3e-4``). A seed that finished (its ``done`` marker, written when its fit exits
 0) is not run again. The table gives per seed what ``RunSummary`` prints: held-out ``val/avg@K`` at the first
 and last evaluation (the first is the untrained policy when the config has ``ValBeforeTrain``), the
@@ -30,7 +30,7 @@ import numpy as np
 
 from aspo_lit.callbacks.health import CLIP, ENTROPY, KL, REWARD, assess_health
 from aspo_lit.callbacks.summary import SUMMARY_WINDOW, end_window
-from aspo_lit.figures import read_metrics
+from aspo_lit.training.figures import read_metrics
 from experiments.runner import run_env
 
 VAL_PREFIX = "val/avg@"

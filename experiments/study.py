@@ -158,7 +158,7 @@ def command(run: Run, study: Study, resume: bool = False) -> list[str]:
     argv += list(study.overrides)
     if study.model_path:
         argv += [f"--model.model_name_or_path={study.model_path}"]
-    argv += [f"--seed_everything={run.seed}",  # seeds the data and the module too (aspo_lit/seeding.py)
+    argv += [f"--seed_everything={run.seed}",  # seeds the data and the module too (aspo_lit/maths/seeding.py)
              f"--trainer.logger.init_args.save_dir={study.runs_dir}",
              f"--trainer.logger.init_args.name={run.name}",
              "--trainer.enable_progress_bar=false"]

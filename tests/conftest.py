@@ -32,7 +32,7 @@ MODULE_MARKERS = {
 
 def pytest_configure(config):
     """Under pytest-xdist each worker gets its share of the cores, as `FSDP2Strategy` gives each rank
-    (aspo_lit.threads): torch's threads in the worker, and ``OMP_NUM_THREADS`` for the processes its
+    (aspo_lit.training.threads): torch's threads in the worker, and ``OMP_NUM_THREADS`` for the processes its
     tests start. With torch's default (one thread per core in every worker) two workers ran four
     OpenMP threads on two cores, and a fit's spinning threads slowed the other worker's fits ~5x
     (tools/gpu_check.py: 97 s alone, 489 s beside the other worker). A thread count the user set
@@ -42,7 +42,7 @@ def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
     if workers < 2:
         return
-    from aspo_lit.threads import set_threads_per_rank, user_thread_settings
+    from aspo_lit.training.threads import set_threads_per_rank, user_thread_settings
 
     set_threads_per_rank(workers, user_thread_settings())
 

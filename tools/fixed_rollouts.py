@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from aspo_lit.advantages import group_advantages
+from aspo_lit.maths.advantages import group_advantages
 from aspo_lit.rollout.batch import RolloutBatch
 
 GROUPS, G, P, T = 8, 4, 6, 10

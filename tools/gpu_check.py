@@ -5,7 +5,7 @@
     python -m tools.gpu_check --device cpu --ranks 2 --variants ranks2_tp1   # the 2-rank path, on CPU
 
 Every variant is one `python -m aspo_lit fit` of `conf/tiny/aspo.yaml` for 3 rollout batches with
-`aspo_lit.strategy.FSDP2Strategy`, bf16 compute on fp32 master weights (the paper configs'
+`aspo_lit.training.strategy.FSDP2Strategy`, bf16 compute on fp32 master weights (the paper configs'
 precision policy), on a tiny Qwen2-architecture model built from a config (no network): the CPU
 testbed's weights in a Qwen2 layout (zero q/k/v biases, so it computes the same function and gets
 non-zero rewards). The vLLM variants use the paper configs' engine: colocated
@@ -64,7 +64,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback
 
-from aspo_lit.models import full_tensor, named_full_tensors
+from aspo_lit.training.models import full_tensor, named_full_tensors
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -300,7 +300,7 @@ def _engine_arg(variant: Variant, device: str) -> str:
 def _fit_args(variant: Variant, model_dir: Path, device: str, out: Path, skip_push: bool) -> list[str]:
     args = ["fit", "--config", str(REPO / "conf/tiny/aspo.yaml"),
             f"--model.model_name_or_path={model_dir}", f"--trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}",
-            f"--trainer.devices={variant.ranks}", "--trainer.strategy=aspo_lit.strategy.FSDP2Strategy",
+            f"--trainer.devices={variant.ranks}", "--trainer.strategy=aspo_lit.training.strategy.FSDP2Strategy",
             "--trainer.strategy.param_dtype=bfloat16", "--trainer.strategy.reduce_dtype=float32",
             "--model.share_prompt=false",  # refused under FSDP2, as in the paper's configs
             # validation before the first push (ValBeforeTrain, in the tiny config) and after batch 2

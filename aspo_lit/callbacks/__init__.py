@@ -1,4 +1,4 @@
-"""Diagnostics callbacks: they read the `~aspo_lit.step.StepOutput` ``ASPOModule.training_step``
+"""Diagnostics callbacks: they read the `~aspo_lit.maths.step.StepOutput` ``ASPOModule.training_step``
 returns (docs/design.md "Step diagnostics") and log what the IS ratio does to a run (paper Fig. 2-4,
 App. D). Extend with :class:`Diagnostic`; ``examples.py`` holds worked examples, not part of the API.
 """

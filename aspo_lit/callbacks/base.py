@@ -1,6 +1,6 @@
 """The extension base for step diagnostics, and rank-correct reductions.
 
-A diagnostic is a Lightning callback that reads the `~aspo_lit.step.StepOutput`
+A diagnostic is a Lightning callback that reads the `~aspo_lit.maths.step.StepOutput`
 ``ASPOModule.training_step`` returns (``docs/design.md`` "Step diagnostics") and turns it into
 scalars. Subclass :class:`Diagnostic`, implement :meth:`Diagnostic.compute`, and append the class
 to the run's callbacks (``trainer: {callbacks+: [mypkg.MyDiagnostic]}`` in an extra ``--config``)::
@@ -38,8 +38,8 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from aspo_lit.stats import Stat
-from aspo_lit.step import StepOutput
+from aspo_lit.maths.stats import Stat
+from aspo_lit.maths.step import StepOutput
 
 Number = Union[float, int, Tensor]
 
@@ -157,7 +157,7 @@ def global_max(values: Any, *, trainer: Optional[pl.Trainer] = None) -> Tensor:
 
 
 def reduce_stats(stats: Mapping[str, Stat], *, trainer: Optional[pl.Trainer] = None) -> dict[str, Tensor]:
-    """Every statistic reduced over all ranks by the reduction it declares (`aspo_lit.stats`):
+    """Every statistic reduced over all ranks by the reduction it declares (`aspo_lit.maths.stats`):
     means weighted by their weights, sums, maxima; three collectives at most. Every rank must pass
     the same names (a `StepOutput`'s ``stats`` are, by construction)."""
     by_kind: dict[str, dict[str, Stat]] = {"mean": {}, "sum": {}, "max": {}}
@@ -217,7 +217,7 @@ def step_output(outputs: Any) -> StepOutput:
     """``outputs`` of ``on_train_batch_end`` as the `StepOutput` it is; a clear error otherwise."""
     if not isinstance(outputs, StepOutput):
         raise TypeError(f"a step diagnostic reads the StepOutput ASPOModule.training_step returns "
-                        f"(aspo_lit.step), got {type(outputs).__name__}")
+                        f"(aspo_lit.maths.step), got {type(outputs).__name__}")
     return outputs
 
 

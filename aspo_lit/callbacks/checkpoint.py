@@ -5,11 +5,11 @@ run (a new version) cannot find its predecessor's `last.ckpt`. Here the default 
 `<save_dir>/<name>/checkpoints`, shared by every version of the experiment: `--ckpt_path last`
 resumes the newest `last*.ckpt` of the experiment, whichever version wrote it.
 
-Its saves are atomic on the run folder's own filesystem (`aspo_lit.checkpoint_io`): the strategy's
+Its saves are atomic on the run folder's own filesystem (`aspo_lit.training.checkpoint_io`): the strategy's
 plain `TorchCheckpointIO` is replaced by `AtomicCheckpointIO` at setup (a user's own CheckpointIO
 plugin is kept).
 
-One run per folder: a fit holds the folder's lock (`aspo_lit.run_lock`) from setup to teardown, and
+One run per folder: a fit holds the folder's lock (`aspo_lit.training.run_lock`) from setup to teardown, and
 a fresh fit (no ``--ckpt_path``) into a folder that holds another run's ``last.ckpt`` is refused,
 so ``--ckpt_path last`` always resumes the run that wrote the folder, never a ``last-v1.ckpt``.
 
@@ -17,7 +17,7 @@ A checkpoint saved at a batch after which a validation is due (it is saved befor
 runs) says so, and a resume from it runs that validation first, at that step: a crash during the
 validation loses no ``val/*`` point.
 
-A resume checks what it resumes (`aspo_lit.resume`): a change to what defines the run, or to a
+A resume checks what it resumes (`aspo_lit.training.resume`): a change to what defines the run, or to a
 setting the restored optimizer would ignore, is refused naming each key old -> new.
 """
 
@@ -31,13 +31,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from aspo_lit.callbacks.val_before_train import validate_now, validation_due
-from aspo_lit.checkpoint_io import AtomicCheckpointIO
-from aspo_lit.resume import ALLOW_CHANGES, apply_optimizer_settings, refusal, resume_changes
-from aspo_lit.run_lock import RunFolderHeld, RunLock
+from aspo_lit.training.checkpoint_io import AtomicCheckpointIO
+from aspo_lit.training.resume import ALLOW_CHANGES, apply_optimizer_settings, refusal, resume_changes
+from aspo_lit.training.run_lock import RunFolderHeld, RunLock
 
 
 class ResumeRefused(ValueError):
-    """A resume that would change what its checkpoint's run is (`aspo_lit.resume`)."""
+    """A resume that would change what its checkpoint's run is (`aspo_lit.training.resume`)."""
 
 
 class RunCheckpoint(ModelCheckpoint):

@@ -1,7 +1,7 @@
 """What ASPO's flip changes, measured on every rollout batch's own tokens: every shipped loss's
 effective token weight (Prop. 4.1) on the same tokens, from the step's `StepOutput` (``log π_old``,
 ``log π_θ`` at the token's last update, π_old's entropy, the advantage), with no forward pass
-(docs/metrics.md, "What the flip changes"). The maths: `aspo_lit.counterfactual`.
+(docs/metrics.md, "What the flip changes"). The maths: `aspo_lit.maths.counterfactual`.
 
 Logged per rollout batch, under ``flip/`` (``w_L``: loss L's weight, ``A > 0 tokens``: response
 tokens of responses with a positive group advantage; ASPO's flip acts on these only, eq. 3):
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from aspo_lit.callbacks.base import Diagnostic, global_cat, global_sum
-from aspo_lit.counterfactual import (
+from aspo_lit.maths.counterfactual import (
     FORCED_ENTROPY,
     covariance_sums,
     decile_means,
@@ -60,7 +60,7 @@ from aspo_lit.counterfactual import (
     spearman,
     token_weights,
 )
-from aspo_lit.losses import PolicyLoss
+from aspo_lit.maths.losses import PolicyLoss
 
 DECILES = 10
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}

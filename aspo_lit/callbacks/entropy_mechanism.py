@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from aspo_lit.callbacks.base import Diagnostic, global_sum
-from aspo_lit.counterfactual import covariance_sums
+from aspo_lit.maths.counterfactual import covariance_sums
 
 
 class EntropyMechanism(Diagnostic):

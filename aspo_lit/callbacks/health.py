@@ -17,7 +17,7 @@ batches:
   the difference (:func:`level_shift`);
 * ``healthy`` — none of these (also while fewer than ``window`` batches are known).
 
-A trend counts only beyond its own noise (:mod:`aspo_lit.trend`): over the last window, the
+A trend counts only beyond its own noise (:mod:`aspo_lit.maths.trend`): over the last window, the
 Theil-Sen line and the Mann-Kendall test at level ``alpha``. A series is ``rising`` / ``falling``
 when the test rejects "no trend" and the line moves that way, else ``flat`` (``no trend beyond noise``
 when the test does not reject: the line's start and end may then differ by noise).
@@ -45,7 +45,7 @@ when the test does not reject: the line's start and end may then differ by noise
   more than 2 SE and ``min_reward_gain``) is App. D's "policy learning effectively", not a sign.
 
 Each trend test allows for the series' batch-to-batch correlation, estimated from its whole history
-(:func:`aspo_lit.trend.lag1_autocorrelation`): without it, correlated noise reads as a trend far
+(:func:`aspo_lit.maths.trend.lag1_autocorrelation`): without it, correlated noise reads as a trend far
 more often than ``alpha``.
 
 Every number in a reason agrees with its words: a trend is written as its line's start -> end over
@@ -67,7 +67,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from aspo_lit.callbacks.base import Diagnostic, resolve_log_dir
 from aspo_lit.callbacks.entropy import EntropyMonitor
 from aspo_lit.callbacks.training_stats import TrainingStats
-from aspo_lit.trend import Trend, lag1_autocorrelation, trend
+from aspo_lit.maths.trend import Trend, lag1_autocorrelation, trend
 
 ENTROPY, REWARD, CLIP, KL = "train/entropy", "train/reward_mean", "clip/pos_high", "train/kl"
 STATUS = {"healthy": 0, "watch": 1, "collapsed": 2}

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import _RICH_AVAILABLE
 
 from aspo_lit.callbacks.health import HealthMonitor
-from aspo_lit.step import updates_per_rollout
+from aspo_lit.maths.step import updates_per_rollout
 
 SHOWN = {"reward": "train/reward_mean", "entropy": "train/entropy", "step_s": "timing/step_s"}
 VERDICTS = {0: "healthy", 1: "watch", 2: "collapsed"}

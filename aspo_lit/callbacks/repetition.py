@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from aspo_lit.callbacks.base import Diagnostic, weighted_means
-from aspo_lit.step import StepOutput
+from aspo_lit.maths.step import StepOutput
 
 _BASE = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier; arithmetic wraps mod 2**64
 

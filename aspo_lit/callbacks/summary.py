@@ -1,9 +1,9 @@
 """RunSummary: at the end of fit, say what was trained and where its logs, figures and checkpoints are.
 
 The summary reads the run's scalars back from whichever local logger wrote them (``CSVLogger``'s
-``metrics.csv`` or ``TensorBoardLogger``'s event files, :func:`aspo_lit.figures.read_metrics`),
+``metrics.csv`` or ``TensorBoardLogger``'s event files, :func:`aspo_lit.training.figures.read_metrics`),
 draws Fig. 2 from them and hands the figure to every logger that takes images
-(:func:`aspo_lit.figures.log_figure`). A W&B-only run has nothing local to read: the summary names
+(:func:`aspo_lit.training.figures.log_figure`). A W&B-only run has nothing local to read: the summary names
 its ``wandb:`` path, which ``python -m aspo_lit figure2`` reads online.
 
 This module also holds the two measures Lightning's ``ThroughputMonitor`` needs for a rollout
@@ -23,8 +23,8 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from aspo_lit.callbacks.base import resolve_log_dir
-from aspo_lit.figures import log_figure, plot_figure2, read_metrics
 from aspo_lit.rollout import RolloutBatch
+from aspo_lit.training.figures import log_figure, plot_figure2, read_metrics
 
 SUMMARY_WINDOW = 10   # batches averaged per end: a batch's noise / sqrt(10) (the demo's reward: 0.085 -> 0.027)
 
@@ -99,9 +99,9 @@ def _first_last_evaluation(series: dict, key: str) -> str:
 def figure_bands(log_dir: Path, pl_module, series: dict) -> tuple[int, dict | None, str]:
     """What a run's own Fig. 2 draws behind its series: the window (of the shipped reference its config
     is, else about a tenth of the run), the reference seeds' range per metric, and the reference's name
-    (``aspo_lit.run_reference.matching_reference``; its testbed must be the run's too)."""
-    from aspo_lit.bands import seed_range
-    from aspo_lit.run_reference import matching_reference
+    (``aspo_lit.compare.run_reference.matching_reference``; its testbed must be the run's too)."""
+    from aspo_lit.compare.run_reference import matching_reference
+    from aspo_lit.maths.bands import seed_range
 
     batches = max((len(steps) for steps, _ in series.values()), default=0)
     config = log_dir / "config.yaml"

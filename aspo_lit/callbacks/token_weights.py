@@ -11,7 +11,7 @@ diagnostics (``exp(old_logprobs)``, ``exp(logprobs)``, ``token_weight``; tokens 
 gradient and are skipped) into a bounded reservoir, and every ``every_n_steps`` steps and at the
 end of fit saves ``<log_dir>/figures/token_weights_step{N}.png`` (and the binned grids as ``.npz``):
 two heat maps of the mean weight per (π_old, π) bin, ``N`` the optimizer step. Each PNG also goes
-to every logger that takes images (:func:`aspo_lit.figures.log_figure`: TensorBoard's Images tab,
+to every logger that takes images (:func:`aspo_lit.training.figures.log_figure`: TensorBoard's Images tab,
 W&B) under the tag ``figures/token_weights``, at the logger's step. Rank 0 only, from rank 0's
 tokens: the figure is a picture of a sample, no collective is involved.
 """
@@ -26,8 +26,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from aspo_lit.callbacks.base import resolve_log_dir, step_output
-from aspo_lit.figures import log_figure
-from aspo_lit.step import StepOutput
+from aspo_lit.maths.step import StepOutput
+from aspo_lit.training.figures import log_figure
 
 
 def bin_token_weights(pi_old: Any, pi: Any, weight: Any, bins: int = 20) -> tuple[np.ndarray, np.ndarray]:

@@ -2,13 +2,13 @@
 
 Two kinds of values, each reduced across ranks by what it is a mean, sum or maximum of:
 
-* every statistic in the step's ``stats`` (`aspo_lit.step.StepOutput`), by the weight and
-  reduction it declares where it is made (`aspo_lit.stats.Stat`): the loss's clip shares and ratio
+* every statistic in the step's ``stats`` (`aspo_lit.maths.step.StepOutput`), by the weight and
+  reduction it declares where it is made (`aspo_lit.maths.stats.Stat`): the loss's clip shares and ratio
   means (weighed by the response tokens of their advantage sign), a user loss's own statistics,
   ``train/pg_loss`` (mean over the optimizer steps and ranks), ``train/kl`` (weighed by tokens),
   ``train/grad_norm``, ``train/skipped_steps``, ``train/updates_per_rollout``, the DataModule's
   ``batch/*``, ``timing/*`` (max: the slowest rank sets the pace) and ``rollout/*`` (the
-  sampler/trainer mismatch, `aspo_lit.sampler_mismatch`);
+  sampler/trainer mismatch, `aspo_lit.maths.sampler_mismatch`);
 * what this callback derives from the step's tensors: ``train/reward_mean``, ``train/reward_std``
   (population std), ``response/length_mean``, ``response/clip_ratio`` (share of responses cut at
   the length limit) over all responses, ``response/length_max``; ``ratio/off_policy_share``, the

@@ -13,7 +13,7 @@ Every sample is recorded as it is graded, so an evaluation resumes where it stop
 table commands, which run this over a table's rows, are ``aspo_lit.eval.table_commands``.
 
 The model is an HF hub id, a local folder, "testbed", or a Lightning checkpoint (`.ckpt`) of
-`ASPOModule`, exported to HF format on the fly (``aspo_lit.export.export_checkpoint``).
+`ASPOModule`, exported to HF format on the fly (``aspo_lit.training.export.export_checkpoint``).
 
 ``--like_fit`` evaluates a fit's own held-out problems with its validation loop's settings, so that
 the number is the ``val/avg@K`` the fit logged (``aspo_lit.eval.like_fit``, docs/evaluation.md,
@@ -36,12 +36,12 @@ from aspo_lit.eval.choice import GPQA_SHUFFLE_SEED, PROMPT_FORMAT, ChoiceReward,
 from aspo_lit.eval.datasets import TABLE1_BENCHMARKS, Benchmark, get_benchmark, load_benchmark
 from aspo_lit.eval.records import model_fingerprint, model_tag, pin_settings, read_done, read_sample_records, write_json
 from aspo_lit.eval.results import SE_FIELDS, benchmark_metrics, write_model_results
-from aspo_lit.export import export_checkpoint, is_checkpoint
-from aspo_lit.models import load_tokenizer, resolve_model_path
 from aspo_lit.prompts import encode_code_prompt, encode_prompt
 from aspo_lit.rewards import MathReward, extract_answer
 from aspo_lit.rewards.code import CodeReward, extract_code
 from aspo_lit.rollout import SamplingConfig, build_engine
+from aspo_lit.training.export import export_checkpoint, is_checkpoint
+from aspo_lit.training.models import load_tokenizer, resolve_model_path
 
 log = logging.getLogger(__name__)
 

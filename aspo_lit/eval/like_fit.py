@@ -36,8 +36,8 @@ import torch
 import yaml
 
 from aspo_lit.configs import check_moved_class_paths
-from aspo_lit.export import is_checkpoint
 from aspo_lit.rollout import SamplingConfig
+from aspo_lit.training.export import is_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def fit_config_path(config: str | Path) -> Path:
 
 
 def fit_seed(config: dict[str, Any], checkpoint: str | Path | None = None) -> int:
-    """The seed the fit's validation sampled with (`aspo_lit.seeding.run_seed`): ``data.seed``,
+    """The seed the fit's validation sampled with (`aspo_lit.maths.seeding.run_seed`): ``data.seed``,
     else ``seed_everything`` (LightningCLI writes the seed it drew), else 0; a checkpoint's own
     record wins (a resumed run keeps its first launch's seed, `RLDataModule.load_state_dict`)."""
     data = config.get("data") or {}
@@ -138,7 +138,7 @@ def fit_validation(config: str | Path, checkpoint: str | Path | None = None) -> 
     """The fit's validation settings, from its config.yaml (and `checkpoint`, for its seed): its
     DataModule's task (rows, prompt, reward) and rollout controller (sampling, engine), built from
     the config as the fit built them; no policy is loaded, only the fit's tokenizer."""
-    from aspo_lit.models import load_tokenizer
+    from aspo_lit.training.models import load_tokenizer
 
     path = fit_config_path(config)
     cfg = yaml.safe_load(path.read_text()) or {}

@@ -20,9 +20,9 @@ import os
 import re
 from pathlib import Path
 
-from aspo_lit.export import is_checkpoint
-from aspo_lit.models import resolve_model_path
 from aspo_lit.testbed.shipped import NAMES as TESTBEDS
+from aspo_lit.training.export import is_checkpoint
+from aspo_lit.training.models import resolve_model_path
 
 log = logging.getLogger(__name__)
 

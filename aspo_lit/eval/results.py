@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from aspo_lit.metrics import AvgAtK, PassAtK, avg_at_k_se, pass_at_k_se
+from aspo_lit.maths.metrics import AvgAtK, PassAtK, avg_at_k_se, pass_at_k_se
 
 RESULT_FIELDS = ["benchmark", "k", "n_problems", "avg@k", "avg@k_se", "pass@k", "pass@k_se",
                  "mean_response_tokens", "truncated_frac"]
 #: what `benchmark_metrics` adds to avg@K and pass@K (percent): `_se` over response sampling on the
-#: benchmark's problems, `_se_problems` with the problems drawn from a population too (aspo_lit.metrics)
+#: benchmark's problems, `_se_problems` with the problems drawn from a population too (aspo_lit.maths.metrics)
 SE_FIELDS = ("avg@k_se", "pass@k_se", "avg@k_se_problems", "pass@k_se_problems")
 
 

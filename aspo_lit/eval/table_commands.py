@@ -16,9 +16,9 @@ from aspo_lit.eval.datasets import get_benchmark, load_benchmark
 from aspo_lit.eval.evaluate import SAMPLING_DEFAULTS, benchmark_spec, evaluate_model, failure_reason, setup_logging
 from aspo_lit.eval.reference import load_reference, table_reference_json, write_reference
 from aspo_lit.eval.tables import lcb_tests_note, render_table
-from aspo_lit.export import is_checkpoint
 from aspo_lit.testbed import arithmetic, tiny_code
 from aspo_lit.testbed.shipped import NAMES as TESTBEDS
+from aspo_lit.training.export import is_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def table_errors(results: dict[str, dict]) -> dict[str, float | None]:
 
 def table_details(results: dict[str, dict]) -> dict[str, dict]:
     """What each cell's SE was computed from, for the run's reference file: {column: {problems, k,
-    se_problems}} (`se_problems`: with the problems drawn from a population too; aspo_lit.metrics)."""
+    se_problems}} (`se_problems`: with the problems drawn from a population too; aspo_lit.maths.metrics)."""
     return {f"{r['column']}_{metric}@{r['k']}": {"problems": r["n_problems"], "k": r["k"],
                                                   "se_problems": r.get(f"{metric}@k_se_problems")}
             for r in results.values() for metric in ("avg", "pass")}
@@ -181,7 +181,7 @@ def check_model(model: str, local_only: bool = False) -> str | None:
     if model in TESTBEDS:   # shipped with the package
         return None
     try:
-        # lazy, as in aspo_lit.models: transformers takes seconds to import and only a hub id needs it here
+        # lazy, as in aspo_lit.training.models: transformers takes seconds to import and only a hub id needs it here
         from transformers import AutoConfig
         AutoConfig.from_pretrained(model, local_files_only=local_only)
     except Exception as e:   # noqa: BLE001 - any failure means "cannot load", with its reason

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from aspo_lit.eval.datasets import BENCHMARKS, TABLE1_BENCHMARKS, TABLE2_BENCHMARKS, TABLE3_BENCHMARKS
 from aspo_lit.eval.reference import VERDICTS, ReferenceCell, TableReference, load_reference, verdict
-from aspo_lit.metrics import mean_se
+from aspo_lit.maths.metrics import mean_se
 
 PAPER_TABLE1 = Path(__file__).with_name("data") / "table1.csv"
 PAPER_TABLE2 = Path(__file__).with_name("data") / "table2.csv"
@@ -119,7 +119,7 @@ def table2_avg(values: dict) -> float | None:
 
 def table_avg_se(values: dict, errors: dict, benchmarks=TABLE1_BENCHMARKS) -> float | None:
     """The SE of ``table_avg(values)``: the benchmarks' avg@K are separate samples, so independent,
-    and the SE of their mean is ``sqrt(Σ SE²) / B`` (``aspo_lit.metrics.mean_se``); None unless every
+    and the SE of their mean is ``sqrt(Σ SE²) / B`` (``aspo_lit.maths.metrics.mean_se``); None unless every
     cell the mean uses has an SE."""
     ses = []
     for name in benchmarks:
@@ -155,7 +155,7 @@ def render_table(results: dict, table: str = "table1", compare_paper: bool = Tru
     verdicts").
 
     results: {(base_model, method): {column: value (percent)}}; "avg" is computed when absent.
-    errors: {(base_model, method): {column: SE (percent)}} of those values (``aspo_lit.metrics``:
+    errors: {(base_model, method): {column: SE (percent)}} of those values (``aspo_lit.maths.metrics``:
     response sampling on the benchmark's problems); avg's is propagated (``table_avg_se``).
     missing: {(base_model, method): reason} for rows that could not be evaluated (no model).
     missing_cells: {(base_model, method): {column: reason}} for cells of an evaluated row that

@@ -15,11 +15,11 @@ import os
 import threading
 from typing import Sequence
 
+from aspo_lit.maths.settings import check_choice
 from aspo_lit.rewards.lifecycle import ProcessLocalWorkers
 from aspo_lit.rewards.math import extract_answer, in_main_thread
 from aspo_lit.rewards.pool import GradingPool
 from aspo_lit.rewards.verifiers import Verifier, grade, load_verifiers, quick_score
-from aspo_lit.settings import check_choice
 
 __all__ = ["MathReward", "MathVerifyReward"]
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from aspo_lit.settings import check_choice
+from aspo_lit.maths.settings import check_choice
 
 log = logging.getLogger(__name__)
 

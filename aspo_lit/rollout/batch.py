@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from aspo_lit.stats import Stat
+from aspo_lit.maths.stats import Stat
 
 from .base import Completion
 
@@ -38,7 +38,7 @@ class RolloutBatch:
     answers: list[str]  # gold answer per row
     finish_reasons: list[str]  # "stop" | "length"
     response_lengths: torch.LongTensor  # [N]
-    # batch/solve_all, batch/solve_none, ...: a Stat declares its reduction over ranks (aspo_lit.stats);
+    # batch/solve_all, batch/solve_none, ...: a Stat declares its reduction over ranks (aspo_lit.maths.stats);
     # a plain number is a mean over ranks, each rank weighing 1
     stats: dict[str, float | Stat] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # timing/rollout_s, timing/reward_s, ...

@@ -28,7 +28,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from aspo_lit.settings import check_choice
+from aspo_lit.maths.settings import check_choice
 
 from .base import Completion, LogprobsMode, RolloutEngine, SamplingConfig, named_tensors_of
 

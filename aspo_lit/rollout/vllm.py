@@ -59,8 +59,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from aspo_lit.seeding import derived_seed
-from aspo_lit.settings import check_choice
+from aspo_lit.maths.seeding import derived_seed
+from aspo_lit.maths.settings import check_choice
 
 from .base import Completion, LogprobsMode, RolloutEngine, SamplingConfig, iter_named_tensors
 

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from aspo_lit.advantages import group_advantages
+from aspo_lit.maths.advantages import group_advantages
+from aspo_lit.maths.seeding import derived_seed
+from aspo_lit.maths.stats import Stat
 from aspo_lit.rewards.shaping import overlong_penalty
 from aspo_lit.rollout.base import RolloutEngine, SamplingConfig
 from aspo_lit.rollout.batch import RolloutBatch, pack_rollouts
@@ -24,11 +26,9 @@ from aspo_lit.rollout.process import EngineProcess, EngineProcessError
 from aspo_lit.rollout.registry import build_engine
 from aspo_lit.rollout_stage.ranks import RankContext
 from aspo_lit.rollout_stage.settings import RolloutSettings
-from aspo_lit.seeding import derived_seed
-from aspo_lit.stats import Stat
 
 if TYPE_CHECKING:
-    from aspo_lit.module import PolicyHandle
+    from aspo_lit.training.module import PolicyHandle
 
 
 def rank_share(batch: list[Any], ranks: RankContext) -> list[Any]:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from aspo_lit.data.sources import OnBadRow
+from aspo_lit.maths.settings import check_choice, check_positive_int
 from aspo_lit.rollout.base import SamplingConfig
-from aspo_lit.settings import check_choice, check_positive_int
 
 AdvNorm = Literal["std", "none"]
 PromptTemplate = Literal["chat", "plain"]

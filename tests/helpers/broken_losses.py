@@ -5,7 +5,7 @@ as a user's loss is: ``--model.loss=tests.helpers.broken_losses:ASPOSignFlipped`
 The sign flip keeps ASPO's ratio and clip flags, so its break is in the update alone; the unit
 ratio is the ratio itself gone wrong, so every statistic made from it shows it too."""
 
-from aspo_lit.losses import ASPOLoss
+from aspo_lit.maths.losses import ASPOLoss
 
 
 class ASPOSignFlipped(ASPOLoss):

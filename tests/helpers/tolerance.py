@@ -71,7 +71,7 @@ def reduction_tol(dtype: torch.dtype, n: int, magnitude: float, evaluations: int
 def log_softmax_tol(logits: torch.Tensor, temperature: float = 1.0) -> tuple[float, float]:
     """(atol of the label log-probs, atol of the entropy) of fp32 ``softmax(logits / τ)`` along the
     last dim against exact maths on the same logits, for the algorithm of
-    ``aspo_lit.logprobs.chunk_forward`` (z = fl(logits/τ), m = max z, d = z - m, S = Σ exp d,
+    ``aspo_lit.maths.logprobs.chunk_forward`` (z = fl(logits/τ), m = max z, d = z - m, S = Σ exp d,
     log Z = m + log S, lp = z_y - log Z, H = log Z - Σ exp(d)·z / S) and for torch's log_softmax.
 
     A first-order bound (terms O(u²·(M + V)²) dropped), with M = max|logits|/τ, V = the vocab,

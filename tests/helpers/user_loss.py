@@ -4,7 +4,7 @@ is a mean over *all* response tokens: its weight, not its name, says how to comb
 
 import torch
 
-from aspo_lit.losses import ASPOLoss
+from aspo_lit.maths.losses import ASPOLoss
 
 
 class ASPOWithPositionStat(ASPOLoss):

@@ -166,7 +166,7 @@ def _canned_engine():
 def test_training_step_graded_by_the_sandbox(tiny_model_dir, tmp_path):
     from lightning.pytorch import Callback, Trainer
 
-    from aspo_lit.module import ASPOModule
+    from aspo_lit.training.module import ASPOModule
 
     class Record(Callback):
         def __init__(self):

@@ -42,7 +42,7 @@ def _fit(testbed: str, out: Path, *extra: str, engine: dict | None = None, devic
             "--data.init_args.batch_size=4", "--data.init_args.group_size=4", "--data.init_args.max_response_length=32",
             "--model.mini_batch_size=2", f"--data.init_args.engine={json.dumps(engine)}", *extra]
     if devices > 1:  # FSDP2 over the ranks, fp32 compute so the sampler/trainer gap is ~1e-6
-        args += ["--trainer.strategy=aspo_lit.strategy.FSDP2Strategy", "--trainer.strategy.param_dtype=null",
+        args += ["--trainer.strategy=aspo_lit.training.strategy.FSDP2Strategy", "--trainer.strategy.param_dtype=null",
                  "--model.share_prompt=false"]  # refused under FSDP2 (the testbed config has it on)
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(args, cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)

@@ -68,7 +68,7 @@ def test_readme_diagnostic_appended_keeps_every_shipped_metric(testbed, tmp_path
 
 
 def test_readme_loss_by_import_path_logs_its_statistic(tmp_path, monkeypatch):
-    from aspo_lit.losses import get_policy_loss
+    from aspo_lit.maths.losses import get_policy_loss
 
     (python,) = readme_blocks("### A loss")["python"]
     (fresh_mypkg(tmp_path, monkeypatch) / "losses.py").write_text(python)

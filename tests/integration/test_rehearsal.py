@@ -71,7 +71,7 @@ def test_moe_config_rehearses_an_moe_on_vllm(testbed, tmp_path):
     import json as _json
     from pathlib import Path
 
-    from aspo_lit.models import resolve_model_path
+    from aspo_lit.training.models import resolve_model_path
     from tools.rehearsal.run import MOE_OVERLAY, VLLM_CONFIGS, config_diff, overlays, run_overrides
 
     name = "qwen3_30b_a3b"
@@ -120,7 +120,7 @@ def test_real_shape_rehearsal_trains_the_real_shape_on_vllm(testbed, tmp_path):
     import json as _json
     from pathlib import Path
 
-    from aspo_lit.models import resolve_model_path
+    from aspo_lit.training.models import resolve_model_path
     from tools.rehearsal.run import (
         REAL_SHAPE_OVERLAY,
         RSS_BOUND_MIB,

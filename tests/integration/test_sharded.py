@@ -172,7 +172,7 @@ def test_fsdp2_checkpoints_leave_out_the_reference_and_resume(tiny_model_dir, tm
     reference from the base model and takes the uninterrupted fit's step, train/kl included. Each
     rank runs its share of the host's cores: 4 given to 2 ranks, 2 threads each, whatever Lightning's
     launcher set (it would give this 2-core box 1 each)."""
-    from aspo_lit.threads import THREAD_VARIABLES
+    from aspo_lit.training.threads import THREAD_VARIABLES
 
     out = tmp_path / "result.json"
     env = _repo_on_path({k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES})

@@ -16,9 +16,9 @@ import yaml
 from lightning.pytorch import Callback
 
 from aspo_lit.data.sources import PromptBatches
+from aspo_lit.maths.seeding import derived_seed
 from aspo_lit.rollout import SamplingConfig, build_engine
 from aspo_lit.rollout.process import EngineProcess, EngineProcessError
-from aspo_lit.seeding import derived_seed
 from tests.helpers.tolerance import torch_threads
 
 pytestmark = pytest.mark.multiproc
@@ -243,8 +243,8 @@ def test_which_ratio_the_flip_acts_on_in_each_mode():
     ``rollout_is_cap`` (decoupled, AReaL): the flip acts on r = π / π_prox, and the token's advantage
     is scaled by min(π_prox / π_behav, cap). Hand computation against the module's composition
     (`truncated_is_weights` on the advantage, then the loss)."""
-    from aspo_lit.losses import effective_token_weight, get_policy_loss
-    from aspo_lit.sampler_mismatch import truncated_is_weights
+    from aspo_lit.maths.losses import effective_token_weight, get_policy_loss
+    from aspo_lit.maths.sampler_mismatch import truncated_is_weights
 
     aspo = get_policy_loss("aspo", eps_low=0.2, eps_high=0.2, dual_clip=3.0, loss_agg="token-mean")
     lp = torch.tensor([[-1.00, -2.00, -0.50]])      # π (current)

@@ -23,7 +23,7 @@ NONDETERMINISTIC = ("timing/", "perf/")
 # Two fits of one seed give the same bits at any fixed thread count: at one (the in-process tests below,
 # whose fits must share the pytest worker's thread count) and at the machine's default
 # (test_same_seed_same_bits_at_the_default_thread_count, fresh processes as a user starts them). Before
-# the shared prompt's gradients were summed by index_select (aspo_lit/forward.py), two-thread fits
+# the shared prompt's gradients were summed by index_select (aspo_lit/training/forward.py), two-thread fits
 # differed from the first update on: an advanced index's backward adds with atomic float adds from
 # parallel threads.
 
@@ -122,7 +122,7 @@ def test_a_nucleus_cut_trains_on_the_trainers_own_old_logprobs_and_logs_the_kept
     π_old (recompute, the default) the run trains and logs the kept mass, π_old / π_sampler at each sampled
     token (the sampler's own engine is the policy here: the ratio is the mass itself); with π_old from the
     sampler, or a truncated IS weight, the combination is refused before training (tests/unit/test_cli.py)."""
-    from aspo_lit.sampler_mismatch import check_truncated_support
+    from aspo_lit.maths.sampler_mismatch import check_truncated_support
 
     assert main(fit_args(testbed, tmp_path, "nucleus", 4, "--data.init_args.top_p=0.8")) == 0
     rows = [row for row in read_metrics(tmp_path / "nucleus").values() if "rollout/kept_mass" in row]
@@ -145,9 +145,9 @@ def test_exact_speedups_keep_the_metrics(testbed, tmp_path, monkeypatch, one_thr
     computes them, the fused head's logits kept for its backward against recomputed
     (fused_logprobs.KEEP_LOGITS_MAX), and the update's record made in the last epoch only
     against every epoch."""
-    from aspo_lit import fused_logprobs
+    from aspo_lit.maths import fused_logprobs
+    from aspo_lit.maths.update_plan import PreUpdate, UpdateRecord
     from aspo_lit.rollout import HFEngine, kv_cache
-    from aspo_lit.update_plan import PreUpdate, UpdateRecord
 
     calls = {"cache": 0, "lean": 0, "reused": 0, "records": 0}
     real_cache, real_fill = kv_cache.growing_kv_cache, PreUpdate.fill_from_update
@@ -203,7 +203,7 @@ def test_sampler_old_logprobs_match_recompute_up_to_the_engine_gap(testbed, tmp_
     `train/entropy + entropy/measured_change`."""
     import torch
 
-    from aspo_lit.module import ASPOModule
+    from aspo_lit.training.module import ASPOModule
     from tests.helpers.tolerance import rounding_tol
 
     policy_passes = []
@@ -243,13 +243,13 @@ def test_sampler_old_logprobs_match_recompute_up_to_the_engine_gap(testbed, tmp_
 
 @pytest.mark.numerics
 def test_share_prompt_keeps_the_metrics_with_fewer_tokens(testbed, tmp_path, monkeypatch):
-    """`model.share_prompt` (aspo_lit/forward.py, "Shared prompts"): over one rollout batch of two
+    """`model.share_prompt` (aspo_lit/training/forward.py, "Shared prompts"): over one rollout batch of two
     epochs x two mini-batches, each split into several micro-batches, the policy and reference
     forwards compute each prompt once per mini-batch (per batch before the update) and the
     metrics equal the row-by-row run's to rounding."""
     import torch
 
-    from aspo_lit.module import ASPOModule
+    from aspo_lit.training.module import ASPOModule
     from tests.helpers.tolerance import rounding_tol
 
     seen = {}
@@ -287,7 +287,7 @@ def test_share_prompt_keeps_the_metrics_with_fewer_tokens(testbed, tmp_path, mon
 
 
 def test_sampler_old_logprobs_refuse_rollout_is_cap():
-    from aspo_lit.module import ASPOModule
+    from aspo_lit.training.module import ASPOModule
 
     with pytest.raises(ValueError, match="rollout_is_cap"):
         ASPOModule(model_name_or_path="testbed", old_logprobs="sampler", rollout_is_cap=2.0)
@@ -346,14 +346,14 @@ def _assert_same_run(resumed, reference) -> None:
 def test_interrupt_then_resume_matches_uninterrupted(testbed, interrupted, tmp_path, one_thread):
     """Ctrl-C mid-run saves last.ckpt after the current step; `--ckpt_path last` continues exactly,
     ``train/kl`` included: the checkpoint leaves the frozen reference out and the resumed run
-    rebuilds it from the base model (aspo_lit.kl_reference)."""
+    rebuilds it from the base model (aspo_lit.training.kl_reference)."""
     assert all("train/kl" in row for row in interrupted.reference.values())
     _assert_same_run(_resume_a_copy(testbed, interrupted, tmp_path), interrupted.reference)
 
 
 def _reference_weights(testbed) -> dict:
     """What the module held as its reference: the base weights, in model.torch_dtype (float32 here)."""
-    from aspo_lit.models import load_policy
+    from aspo_lit.training.models import load_policy
 
     return load_policy(testbed, "float32").state_dict()
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
-from aspo_lit.losses import ASPOLoss
-from aspo_lit.module import ASPOModule
+from aspo_lit.maths.losses import ASPOLoss
+from aspo_lit.training.module import ASPOModule
 from tools.fixed_rollouts import GROUPS, FixedRollouts
 
 #: the injected overflow: one micro-batch's gradient times 2^20 (its loss unchanged), which the
@@ -77,7 +77,7 @@ def _overflow_once(rank: int):
     that overflows on that rank only."""
     import torch.distributed as dist
 
-    from aspo_lit.forward import response_logprobs
+    from aspo_lit.training.forward import response_logprobs
 
     state = {"done": False}
 
@@ -94,8 +94,8 @@ def _overflow_once(rank: int):
 def fit(model_dir: str, run: Run) -> dict:
     import torch.distributed.fsdp.sharded_grad_scaler as sharded_grad_scaler
 
-    import aspo_lit.module as module_lib
-    from aspo_lit.strategy import FSDP2Strategy
+    import aspo_lit.training.module as module_lib
+    from aspo_lit.training.strategy import FSDP2Strategy
 
     seed_everything(0)
     scaler_class, logprobs_fn = sharded_grad_scaler.ShardedGradScaler, module_lib.response_logprobs

@@ -18,8 +18,8 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from aspo_lit.callbacks import EntropyMechanism, EntropyMonitor, TrainingStats
-from aspo_lit.models import full_state_dict
-from aspo_lit.module import ASPOModule
+from aspo_lit.training.models import full_state_dict
+from aspo_lit.training.module import ASPOModule
 from tools.fixed_rollouts import GROUPS, VAL_K, FixedRollouts, fixed_rollout, val_correct
 
 DIAGNOSTICS = ("train/entropy", "train/kl", "train/reward_mean", "response/length_mean", "response/length_max")
@@ -62,7 +62,7 @@ class Record(Callback):
 
 def _inject_nan(rank: int) -> None:
     """Rank `rank`'s first log-probs with grad (the first micro-batch of the update) come out NaN."""
-    import aspo_lit.module as module_lib
+    import aspo_lit.training.module as module_lib
 
     original = module_lib.response_logprobs
     state = {"done": False}
@@ -98,7 +98,7 @@ def make_strategy(name: str, param_dtype: str | None = None):
     """The Trainer's strategy for ``--strategy``: single, ddp, fsdp2 (`FSDP2Strategy`, compute in
     `param_dtype`) or model_parallel_default (Lightning's defaults: tensor parallel over the devices)."""
     if name == "fsdp2":
-        from aspo_lit.strategy import FSDP2Strategy
+        from aspo_lit.training.strategy import FSDP2Strategy
 
         return FSDP2Strategy(param_dtype=param_dtype)
     if name == "model_parallel_default":
@@ -136,7 +136,7 @@ def main() -> None:
     trainer = Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=2 * args.minibatches,
                       logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, callbacks=callbacks, use_distributed_sampler=False)
-    from aspo_lit.models import load_policy
+    from aspo_lit.training.models import load_policy
 
     base = load_policy(args.model)
     initial = {name: t.double().sum().item() for name, t in base.state_dict().items()}

@@ -15,7 +15,7 @@ Writes, from rank 0, for each fit and rank: the per-step grad norms and logged d
 weight checksums when training starts (after a resume's restore; the reference's as ``ref.*``) and
 the policy's at the end, and each rank's torch threads; and each checkpoint's module tensors and
 bytes on disk.
-``--cores N`` makes `aspo_lit.threads.usable_cores` answer N (a host with more cores than this one).
+``--cores N`` makes `aspo_lit.training.threads.usable_cores` answer N (a host with more cores than this one).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import torch
 from lightning.pytorch import Trainer, seed_everything
 
 from aspo_lit.callbacks import EntropyMonitor, TrainingStats
-from aspo_lit.models import full_state_dict, load_policy
-from aspo_lit.module import ASPOModule
-from aspo_lit.strategy import FSDP2Strategy
+from aspo_lit.training.models import full_state_dict, load_policy
+from aspo_lit.training.module import ASPOModule
+from aspo_lit.training.strategy import FSDP2Strategy
 from tests.multiproc.sharded_fit import Record
 from tools.fixed_rollouts import GROUPS, FixedRollouts
 
@@ -100,12 +100,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--cores", type=int, default=None, help="the cores aspo_lit.threads sees")
+    parser.add_argument("--cores", type=int, default=None, help="the cores aspo_lit.training.threads sees")
     args = parser.parse_args()
     if args.cores is not None:
-        import aspo_lit.threads
+        import aspo_lit.training.threads
 
-        aspo_lit.threads.usable_cores = lambda: args.cores
+        aspo_lit.training.threads.usable_cores = lambda: args.cores
     import torch.distributed as dist
 
     work = Path(args.out).parent

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch.distributed as dist
 from lightning.pytorch import Trainer, seed_everything
 
-from aspo_lit.module import ASPOModule
 from aspo_lit.rollout.hf import HFEngine
 from aspo_lit.tasks.base import Task
+from aspo_lit.training.module import ASPOModule
 from data_modules.math import RLDataModule
 from tests.multiproc.sharded_fit import make_strategy
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aspo_lit.advantages import group_advantages
+from aspo_lit.maths.advantages import group_advantages
 from tests.helpers.tolerance import assert_within, gamma, rounding_tol, underflow_tol, unit_roundoff
 
 pytestmark = pytest.mark.numerics

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from aspo_lit.runlog import load_run
+from aspo_lit.compare.runlog import load_run
 from experiments.bands import clopper_pearson, truncated, v1_departs
 from tests.unit.test_compare import series, write_run
 

@@ -34,9 +34,9 @@ from aspo_lit.callbacks import (
 )
 from aspo_lit.callbacks.summary import _first_last, _first_last_evaluation, end_window
 from aspo_lit.callbacks.token_weights import Reservoir
-from aspo_lit.figures import plot_figure2, read_metrics
-from aspo_lit.stats import Stat
-from aspo_lit.step import StepOutput
+from aspo_lit.maths.stats import Stat
+from aspo_lit.maths.step import StepOutput
+from aspo_lit.training.figures import plot_figure2, read_metrics
 from tests.helpers.tolerance import approx64, gamma, rounding_tol
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "metrics_fixture.csv"
@@ -329,7 +329,7 @@ def test_a_runs_figure2_draws_the_reference_seeds_and_says_when_a_panel_is_empty
     from matplotlib.figure import Figure
 
     from aspo_lit.callbacks.summary import figure_bands
-    from aspo_lit.run_reference import read_reference
+    from aspo_lit.compare.run_reference import read_reference
 
     drawn = []
     monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: drawn.append(fig))

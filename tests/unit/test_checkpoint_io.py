@@ -1,4 +1,4 @@
-"""Checkpoints written atomically on the run folder's own filesystem (`aspo_lit.checkpoint_io`):
+"""Checkpoints written atomically on the run folder's own filesystem (`aspo_lit.training.checkpoint_io`):
 a save that fails at any byte leaves the previous checkpoint whole and names the path and space."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Trainer
 
 from aspo_lit.callbacks import RunCheckpoint
-from aspo_lit.checkpoint_io import AtomicCheckpointIO, staging_path, swap_folder
+from aspo_lit.training.checkpoint_io import AtomicCheckpointIO, staging_path, swap_folder
 
 MIB = 2**20
 
@@ -56,7 +56,7 @@ def test_a_full_disk_leaves_the_last_checkpoint_whole_and_says_where(small_disk,
         io.save_checkpoint(_state(4, 2.0), path)             # refused before writing: 3 MiB free
     assert caught.value.errno == errno.ENOSPC
     # the space checked, then taken by another writer mid-save: the write itself fails
-    monkeypatch.setattr("aspo_lit.checkpoint_io.shutil.disk_usage", lambda p: SimpleNamespace(free=1 << 40))
+    monkeypatch.setattr("aspo_lit.training.checkpoint_io.shutil.disk_usage", lambda p: SimpleNamespace(free=1 << 40))
     with pytest.raises(OSError, match="no space to save the checkpoint") as caught:
         io.save_checkpoint(_state(4, 3.0), path)
     assert caught.value.errno == errno.ENOSPC

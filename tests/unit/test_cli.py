@@ -154,8 +154,8 @@ def test_omegaconf_interpolation(tmp_path, capsys):
 )
 def test_invalid_config_names_the_key(override, key, capsys, monkeypatch):
     # Must fail before any model loads: make loading impossible, so a late failure would differ.
-    import aspo_lit.models as models
-    import aspo_lit.module as module
+    import aspo_lit.training.models as models
+    import aspo_lit.training.module as module
 
     for where in (models, module):
         monkeypatch.setattr(where, "resolve_model_path", lambda name: pytest.fail("a model was loaded"))
@@ -177,7 +177,7 @@ def test_parse_errors_name_the_key(override, key, capsys):
 def test_minibatch_arithmetic_of_the_32_gpu_run():
     """Qwen3-30B-A3B ran on 32 GPUs with 16-prompt mini-batches: 8 responses per rank per step."""
     from aspo_lit.cli import check_config
-    from aspo_lit.update_plan import rows_per_minibatch
+    from aspo_lit.maths.update_plan import rows_per_minibatch
 
     assert rows_per_minibatch(16, 16, 32) == 8
     cfg = {"trainer": {"devices": 8, "num_nodes": 4}, "model": {"mini_batch_size": 16},
@@ -311,13 +311,13 @@ def test_replaced_callbacks_warn_naming_what_is_lost(tmp_path, tiny_model_dir):
 
 def test_class_path_loss_with_loss_kwargs_is_an_error(tmp_path, capsys, monkeypatch):
     """conf/tiny/aspo.yaml sets model.loss_kwargs; a class_path loss would silently drop them."""
-    import aspo_lit.models as models
-    import aspo_lit.module as module
+    import aspo_lit.training.models as models
+    import aspo_lit.training.module as module
 
     for where in (models, module):
         monkeypatch.setattr(where, "resolve_model_path", lambda name: pytest.fail("a model was loaded"))
     mine = tmp_path / "mine.yaml"
-    mine.write_text("model:\n  loss:\n    class_path: aspo_lit.losses.GRPOLoss\n    init_args: {eps_high: 0.28}\n")
+    mine.write_text("model:\n  loss:\n    class_path: aspo_lit.maths.losses.GRPOLoss\n    init_args: {eps_high: 0.28}\n")
     code, text = _run(["fit", "--config", TINY, "--config", str(mine)], capsys)
     message = [line for line in text.splitlines() if line.startswith("aspo-lit: config error:")]
     assert code == 2 and len(message) == 1, text
@@ -326,7 +326,7 @@ def test_class_path_loss_with_loss_kwargs_is_an_error(tmp_path, capsys, monkeypa
 
 def test_class_path_loss_without_loss_kwargs_and_import_path_names(tmp_path, tiny_model_dir):
     mine = tmp_path / "mine.yaml"
-    mine.write_text("model:\n  loss_kwargs: null\n  loss:\n    class_path: aspo_lit.losses.GRPOLoss\n"
+    mine.write_text("model:\n  loss_kwargs: null\n  loss:\n    class_path: aspo_lit.maths.losses.GRPOLoss\n"
                     "    init_args: {eps_high: 0.28}\n")
     loss_fn = _instantiate(tmp_path, tiny_model_dir, str(mine)).model.loss_fn
     assert type(loss_fn).__name__ == "GRPOLoss" and loss_fn.eps_high == 0.28

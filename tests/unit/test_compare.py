@@ -1,4 +1,4 @@
-"""Reference runs and `compare` (aspo_lit/bands.py, aspo_lit/run_reference.py, aspo_lit/compare.py;
+"""Reference runs and `compare` (aspo_lit/maths/bands.py, aspo_lit/compare/run_reference.py, aspo_lit/compare/commands.py;
 docs/compare.md): the maths against brute force and hand counts, the family-wise rate by simulation, a
 reference built from seeds, a run compared with it, the CLI and its errors, and the shipped references.
 
@@ -20,16 +20,7 @@ import numpy as np
 import pytest
 
 from aspo_lit.__main__ import gather_leading_words, main
-from aspo_lit.bands import (
-    MetricSpec,
-    complete_windows,
-    holm,
-    prediction_test,
-    seed_range,
-    trajectory_score,
-    window_values,
-)
-from aspo_lit.run_reference import (
+from aspo_lit.compare.run_reference import (
     METRICS,
     build_reference,
     comparable_config,
@@ -41,7 +32,16 @@ from aspo_lit.run_reference import (
     parse_reference,
     read_reference,
 )
-from aspo_lit.runlog import CompareError, config_differences, load_run
+from aspo_lit.compare.runlog import CompareError, config_differences, load_run
+from aspo_lit.maths.bands import (
+    MetricSpec,
+    complete_windows,
+    holm,
+    prediction_test,
+    seed_range,
+    trajectory_score,
+    window_values,
+)
 
 TRAIN = {  # metric: (level, per-seed SD, per-step noise SD): what the tiny config logs, roughly
     "train/reward_mean": (0.5, 0.02, 0.05), "train/entropy": (0.08, 0.004, 0.008),
@@ -175,7 +175,7 @@ def test_calibrated_df_widens_the_tails_only_for_heavy_tailed_seeds():
     freedom; seeds from a Student-t with 3 degrees of freedom (heavy tails: the demo's early KL, its ratio
     means) get fewer, and at them no more than alpha of the held-out seeds depart on any prefix. Under 20
     seeds the normal model's n - 1 is kept (leaving one out measures a rate in steps of 1/n)."""
-    from aspo_lit.bands import calibrated_df, t_p_value
+    from aspo_lit.maths.bands import calibrated_df, t_p_value
 
     def held_out(draws: np.ndarray) -> list[list[dict[str, float]]]:
         n = draws.shape[0]
@@ -441,7 +441,7 @@ def test_reference_refuses_too_few_seeds_mixed_configs_and_testbeds(tmp_path, se
 def test_reference_records_config_commit_and_shipped_names(tmp_path, seeds, monkeypatch):
     import hashlib
 
-    import aspo_lit.run_reference as R
+    import aspo_lit.compare.run_reference as R
 
     ref_file = tmp_path / "ref.json"
     assert main(["reference", *map(str, seeds), "--out", str(ref_file), "--leave_one_out", "false"]) == 0

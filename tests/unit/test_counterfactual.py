@@ -1,4 +1,4 @@
-"""The counterfactual weight diagnostic (`aspo_lit.counterfactual`, `CounterfactualWeights`): its
+"""The counterfactual weight diagnostic (`aspo_lit.maths.counterfactual`, `CounterfactualWeights`): its
 maths on hand-computed inputs, every loss's weight on a hand-made step whose statistics were
 worked out by hand, on-policy data (r ≡ 1) where every loss agrees, the run's own loss arguments,
 and two ranks giving what one process gives."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from aspo_lit.callbacks import CounterfactualWeights, EntropyMechanism
-from aspo_lit.counterfactual import (
+from aspo_lit.maths.counterfactual import (
     FORCED_ENTROPY,
     SHIPPED_LOSSES,
     average_ranks,
@@ -27,8 +27,8 @@ from aspo_lit.counterfactual import (
     spearman,
     token_weights,
 )
-from aspo_lit.losses import get_policy_loss
-from aspo_lit.step import StepOutput
+from aspo_lit.maths.losses import get_policy_loss
+from aspo_lit.maths.step import StepOutput
 from tests.helpers.ranks import on_ranks
 from tests.helpers.tolerance import FLOAT64_REL, approx64, rounding_tol, unit_roundoff
 from tests.unit.test_callbacks import DummyModule, fit, last_logged
@@ -93,7 +93,7 @@ HAND = [[(0.9, 1.1, 0.1), (0.5, 0.5, 1.0), (0.2, 2.0, 2.0), (0.4, 0.25, 1.5), (0
 HAND_ADVANTAGES = (1.0, -1.0)
 S_POS = (1.1 * 0.5 * 2.0 * 0.25 * 1.0) ** (1 / 5)   # GSPO's sequence ratio: the geometric mean of r
 S_NEG = (0.5 * 1.5 * 4.0) ** (1 / 3)
-# Each loss's weight w (Prop. 4.1), by hand from its definition (aspo_lit/losses.py):
+# Each loss's weight w (Prop. 4.1), by hand from its definition (aspo_lit/maths/losses.py):
 HAND_WEIGHTS = {
     # m·r: r = 2 > 1.2 (A > 0) and r = 0.5 < 0.8 (A < 0) clipped, r = 4 > c (A < 0) dual-clipped
     "grpo": [[1.1, 0.5, 0.0, 0.25, 1.0], [0.0, 1.5, 0.0]],

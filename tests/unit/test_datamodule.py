@@ -9,8 +9,8 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from aspo_lit.data.sources import BadRowError, PromptBatches, load_rows
-from aspo_lit.module import ASPOModule
 from aspo_lit.rollout.hf import HFEngine
+from aspo_lit.training.module import ASPOModule
 from data_modules.math import RLDataModule
 from data_modules.testbed import ArithmeticRLDataModule
 

@@ -104,7 +104,7 @@ def test_buffers_broadcast_in_name_order(monkeypatch):
     import torch.distributed as dist
     import torch.distributed.checkpoint.state_dict as dcp_state_dict
 
-    from aspo_lit import models
+    from aspo_lit.training import models
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -134,8 +134,8 @@ def test_hf_engine_eos_ids_agree_across_ranks(tiny_model_dir, tmp_path):
     on every rank, so all ranks stop on the same tokens."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    from aspo_lit.models import load_policy
     from aspo_lit.rollout import HFEngine
+    from aspo_lit.training.models import load_policy
 
     path = tmp_path / "model"
     shutil.copytree(tiny_model_dir, path)
@@ -233,11 +233,11 @@ def test_tensor_parallel_engines_turn_the_allreduce_fusion_off(monkeypatch):
 def test_the_datamodule_pushes_the_shards_for_the_engine_to_cast_before_their_gather():
     """The training push hands the engine the policy's state dict as it is (FSDP2 shards), so that a
     bf16 engine casts each before its gather: half the bytes of fp32. Before, the DataModule gathered
-    every tensor in fp32 first (aspo_lit.models.named_full_tensors) and the cast-before-gather never
+    every tensor in fp32 first (aspo_lit.training.models.named_full_tensors) and the cast-before-gather never
     ran. Fake shards count the bytes their gather moves."""
 
-    from aspo_lit.module import PolicyHandle
     from aspo_lit.rollout.base import iter_named_tensors
+    from aspo_lit.training.module import PolicyHandle
     from data_modules.math import RLDataModule
 
     gathered = []

@@ -21,9 +21,9 @@ from aspo_lit.eval.reference import (
     verdict,
 )
 from aspo_lit.eval.tables import TABLES, load_paper_table, render_table1
-from aspo_lit.export import export_checkpoint
-from aspo_lit.metrics import avg_at_k_se, pass_at_k_se
+from aspo_lit.maths.metrics import avg_at_k_se, pass_at_k_se
 from aspo_lit.prompts import INSTRUCTION, build_prompt
+from aspo_lit.training.export import export_checkpoint
 from tests.helpers.engines import FakeEngine
 from tests.helpers.tolerance import approx64  # float64 maths, O(1)-O(100) values: docs/design.md, "Tolerances in tests"
 
@@ -97,7 +97,7 @@ def test_killed_evaluation_resumes_without_duplicates_or_losses(tmp_path, tiny_m
         correct[r["problem_id"]] = correct.get(r["problem_id"], 0) + r["correct"]
     assert resumed["arith"]["avg@k"] == approx64(100 * sum(correct.values()) / 24)
     assert resumed["arith"]["pass@k"] == approx64(100 * sum(c > 0 for c in correct.values()) / 6)
-    # and their standard errors, from the same counts (aspo_lit.metrics; tests/unit/test_metrics.py)
+    # and their standard errors, from the same counts (aspo_lit.maths.metrics; tests/unit/test_metrics.py)
     counts = list(correct.values())
     assert resumed["arith"]["avg@k_se"] == approx64(100 * avg_at_k_se(counts, 4).se)
     assert resumed["arith"]["pass@k_se_problems"] == approx64(100 * pass_at_k_se(counts, 4).se_problems)
@@ -371,7 +371,7 @@ def test_sample_size_table_in_the_docs_is_the_formula_at_the_papers_accuracies()
     every row of Table 3), N = samples_for_halfwidth(A, 1.5 points), the half-width at the paper's P × K."""
     import re
 
-    from aspo_lit.metrics import samples_for_halfwidth
+    from aspo_lit.maths.metrics import samples_for_halfwidth
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "evaluation.md").read_text()
     table = text[text.index("| benchmark | paper's avg@K, 1.5B rows |"):]
@@ -399,8 +399,8 @@ def test_sample_size_table_in_the_docs_is_the_formula_at_the_papers_accuracies()
 
 
 def test_compare_refuses_a_table_reference():
-    from aspo_lit.run_reference import read_reference
-    from aspo_lit.runlog import CompareError
+    from aspo_lit.compare.run_reference import read_reference
+    from aspo_lit.compare.runlog import CompareError
 
     with pytest.raises(CompareError, match="a 'table' reference, not bands"):
         read_reference("paper_table1")

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from aspo_lit.checkpoint_io import AtomicCheckpointIO, CheckpointUnreadable
 from aspo_lit.data.sources import BadRowError
-from aspo_lit.export import load_checkpoint
-from aspo_lit.module import ASPOModule
 from aspo_lit.tasks.math import MathTask
+from aspo_lit.training.checkpoint_io import AtomicCheckpointIO, CheckpointUnreadable
+from aspo_lit.training.export import load_checkpoint
+from aspo_lit.training.module import ASPOModule
 
 ROW = b'{"problem": "1+1?", "answer": "2"}\n'
 

@@ -24,8 +24,8 @@ TINY = str(REPO / "conf/tiny/aspo.yaml")  # lr 2e-4: above the bf16-weights chec
 
 def _no_model_loads(monkeypatch):
     """Make loading a model fail the test, so a refusal that comes late is caught."""
-    import aspo_lit.models as models
-    import aspo_lit.module as module
+    import aspo_lit.training.models as models
+    import aspo_lit.training.module as module
 
     for where in (models, module):
         monkeypatch.setattr(where, "resolve_model_path", lambda name: pytest.fail("a model was loaded"))
@@ -51,7 +51,7 @@ def test_fp16_without_the_scaler_is_refused_by_its_key(override, key, capsys, mo
 
 
 def test_module_built_in_python_refuses_fp16_weights(monkeypatch):
-    from aspo_lit.module import ASPOModule
+    from aspo_lit.training.module import ASPOModule
 
     _no_model_loads(monkeypatch)
     with pytest.raises(ValueError, match="model.torch_dtype=float16 makes the master weights"):
@@ -61,8 +61,8 @@ def test_module_built_in_python_refuses_fp16_weights(monkeypatch):
 def test_auto_dtype_on_an_fp16_checkpoint_is_refused(tiny_model_dir, tmp_path):
     """``torch_dtype: auto`` loads a checkpoint in its stored dtype: stored in fp16, that is fp16
     master weights, refused when the model is built (before any step)."""
-    from aspo_lit.models import load_policy, load_tokenizer
-    from aspo_lit.module import ASPOModule
+    from aspo_lit.training.models import load_policy, load_tokenizer
+    from aspo_lit.training.module import ASPOModule
 
     fp16_dir = tmp_path / "fp16"
     load_policy(str(tiny_model_dir)).to(torch.float16).save_pretrained(fp16_dir)
@@ -77,7 +77,7 @@ def test_trainer_built_in_python_with_fp16_precision_is_refused(tiny_model_dir):
     refuses it there, before Lightning converts anything or a step runs."""
     from lightning.pytorch import Trainer
 
-    from aspo_lit.module import ASPOModule
+    from aspo_lit.training.module import ASPOModule
     from tools.fixed_rollouts import FixedRollouts
 
     module = ASPOModule(model_name_or_path=str(tiny_model_dir), kl_coef=0.0)
@@ -90,7 +90,7 @@ def test_trainer_built_in_python_with_fp16_precision_is_refused(tiny_model_dir):
 def test_fp16_on_the_gradient_path_needs_the_scaler():
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from aspo_lit.fp16 import fsdp_needs_grad_scaler
+    from aspo_lit.maths.fp16 import fsdp_needs_grad_scaler
 
     fp16, bf16, fp32 = torch.float16, torch.bfloat16, torch.float32
     assert fsdp_needs_grad_scaler(MixedPrecisionPolicy(param_dtype=fp16, reduce_dtype=fp32))

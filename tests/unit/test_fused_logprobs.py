@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from aspo_lit.forward import response_logprobs, response_logprobs_unfused
-from aspo_lit.fused_logprobs import fused_linear_logprobs
+from aspo_lit.maths.fused_logprobs import fused_linear_logprobs
 from aspo_lit.rollout.base import Completion
 from aspo_lit.rollout.batch import pack_rollouts, position_ids_from_mask
+from aspo_lit.training.forward import response_logprobs, response_logprobs_unfused
 from tests.helpers.tolerance import assert_as_accurate, assert_within, gamma, log_softmax_tol, rounding_tol
 from tools.ports import free_port
 

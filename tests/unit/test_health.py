@@ -17,8 +17,8 @@ import pytest
 from aspo_lit.callbacks import DiagnosticsProgressBar, EntropyMonitor, HealthMonitor, TrainingStats, assess_health
 from aspo_lit.callbacks.entropy import slope as least_squares_slope
 from aspo_lit.callbacks.summary import _first_last
-from aspo_lit.figures import read_metrics
-from aspo_lit.trend import EXACT_MAX_N, mann_kendall, mann_kendall_exact_p, theil_sen, trend
+from aspo_lit.maths.trend import EXACT_MAX_N, mann_kendall, mann_kendall_exact_p, theil_sen, trend
+from aspo_lit.training.figures import read_metrics
 from tests.unit.test_callbacks import TOKEN_ENTROPY, fit, last_logged
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -434,7 +434,7 @@ def _ar1(rng, n: int, rho: float) -> np.ndarray:
 def test_mann_kendall_allowing_for_known_correlation_keeps_its_level():
     """AR(1) noise at rho 0.5, 10 values: the plain test rejects ~17 % (level 5 %); with the variance
     factor of the true rho it is back near its level. 2,000 series: binomial SE ~0.5 points."""
-    from aspo_lit.trend import ar1_variance_factor
+    from aspo_lit.maths.trend import ar1_variance_factor
 
     rng = np.random.default_rng(0)
     series = [_ar1(rng, 10, 0.5) for _ in range(2000)]
@@ -451,7 +451,7 @@ def test_lag1_autocorrelation_from_a_history_halves_the_excess_and_spares_indepe
     """The estimate from a 40-batch history (local differences, gated): independent noise keeps the exact
     test (the gate opens on <= 8 % of series, the level stays <= 5.5 %); at rho 0.3 and 0.5 the level falls
     well below the plain test's; a trend that bends (flat, then a ramp) is no correlation."""
-    from aspo_lit.trend import lag1_autocorrelation
+    from aspo_lit.maths.trend import lag1_autocorrelation
 
     rng = np.random.default_rng(2)
     for rho, most in ((0.0, 0.055), (0.3, 0.11), (0.5, 0.16)):

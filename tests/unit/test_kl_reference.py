@@ -1,4 +1,4 @@
-"""The KL reference held outside the module's checkpoint (aspo_lit.kl_reference): not in
+"""The KL reference held outside the module's checkpoint (aspo_lit.training.kl_reference): not in
 ``state_dict()`` or ``parameters()``, not expected by a strict load, yet moved and cast with its
 holder; an older checkpoint's ``ref_policy.*`` dropped. The fits: tests/integration/test_training.py (resume)
 and tests/integration/test_sharded.py (FSDP2)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from aspo_lit.kl_reference import ReferenceHolder, drop_reference_weights
+from aspo_lit.training.kl_reference import ReferenceHolder, drop_reference_weights
 
 
 class Holder(ReferenceHolder):

@@ -41,11 +41,19 @@ def test_import_layers_hold():
     assert "2 kept, 0 broken" in result.stdout
 
 
+def docstring_only(path: Path) -> bool:
+    """A package's ``__init__.py`` that holds nothing but its docstring (a folder of modules that
+    may sit in several layers: each of them is checked)."""
+    body = ast.parse(path.read_text()).body
+    return path.name == "__init__.py" and all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+                                              for n in body)
+
+
 def test_every_module_sits_in_a_layer():
     """The contract cannot pass by omission: every module is inside one listed layer."""
     listed = [name for layer in layers() for name in layer]
-    loose = [m for m in modules() if m not in PACKAGES and m != "aspo_lit.__init__"
-             and not any(m == name or m.startswith(name + ".") for name in listed)]
+    loose = [m for m, path in modules().items() if m not in PACKAGES and m != "aspo_lit.__init__"
+             and not docstring_only(path) and not any(m == name or m.startswith(name + ".") for name in listed)]
     assert loose == [], f"modules outside every layer of .importlinter: {loose}"
 
 
@@ -135,9 +143,9 @@ def test_no_module_getattr():
 
 def test_private_import_check_sees_one(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("from aspo_lit.figures import _float\n")
+    bad.write_text("from aspo_lit.training.figures import _float\n")
     (hit,) = private_imports(bad, "x")
-    assert hit.endswith(":1 aspo_lit.figures._float")
+    assert hit.endswith(":1 aspo_lit.training.figures._float")
 
 
 def test_private_name_checks_see_relative_imports_and_attributes(tmp_path):

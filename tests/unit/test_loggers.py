@@ -1,6 +1,6 @@
 """The logging ecosystem: LearningRateMonitor in the shipped fit configs, the opt-in ThroughputMonitor
 overlay, TensorBoard / W&B logger overlays (conf/loggers/), figures handed to the loggers
-(`aspo_lit.figures.log_figure`), and metrics read back from whichever logger ran (`read_metrics`)."""
+(`aspo_lit.training.figures.log_figure`), and metrics read back from whichever logger ran (`read_metrics`)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from aspo_lit.__main__ import main, run_cli
 from aspo_lit.callbacks.summary import rollout_responses, rollout_tokens
-from aspo_lit.figures import find_metrics_source, log_figure, read_metrics
 from aspo_lit.rollout import RolloutBatch
+from aspo_lit.training.figures import find_metrics_source, log_figure, read_metrics
 from tests.helpers.cli import effective
 from tests.helpers.tolerance import rounding_tol
 

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aspo_lit.logprobs import logprobs_and_entropy, token_entropy, token_logprobs
+from aspo_lit.maths.logprobs import logprobs_and_entropy, token_entropy, token_logprobs
 from tests.helpers.tolerance import assert_within, log_softmax_tol, rounding_tol
 
 pytestmark = pytest.mark.numerics

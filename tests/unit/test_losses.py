@@ -1,6 +1,6 @@
 """Policy losses against the paper's own formulas (Prop. 4.1, App. A.2, SPEC "Policy losses").
 
-Every expected value here is written independently of aspo_lit.losses: token weights from the
+Every expected value here is written independently of aspo_lit.maths.losses: token weights from the
 paper's definitions in float64, aggregation weights from eq. 1 / DAPO / Dr.GRPO, gradients compared
 with autograd through the library. Bounds count the library's fp32 roundings (`ratio_rtol`,
 tests/helpers/tolerance.py; docs/design.md, "Tolerances in tests"); exact results are compared exactly.
@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aspo_lit.losses import (
+from aspo_lit.maths.losses import (
     POLICY_LOSSES,
     PolicyLoss,
     agg_normalizer,
@@ -660,7 +660,7 @@ def test_bad_shapes_and_values():
 def test_user_statistics_are_kept_with_their_weights():
     """Statistics a loss adds are reduced, not dropped: a [B, T] tensor as its mean over the
     response tokens, a Stat as it declares itself; clip flags as shares of their sign's tokens."""
-    from aspo_lit.stats import Stat
+    from aspo_lit.maths.stats import Stat
 
     class Flagging(PolicyLoss):
         def token_loss(self, logprobs, old_logprobs, advantages, mask, eps_low, eps_high):
@@ -694,11 +694,11 @@ def test_ratio_is_the_one_the_loss_clamps():
 
 def test_loss_named_by_import_path_or_entry_point(tmp_path, monkeypatch):
     """A user's loss needs no registration: an import path, or an installed package's entry point
-    of the `aspo_lit.losses` group, names it (as `--model.loss=...` does)."""
+    of the `aspo_lit.maths.losses` group, names it (as `--model.loss=...` does)."""
     package = tmp_path / "site" / "userlosses"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(
-        "from aspo_lit.losses import GRPOLoss\n\n"
+        "from aspo_lit.maths.losses import GRPOLoss\n\n"
         "class Halved(GRPOLoss):\n"
         "    def token_loss(self, *args):\n"
         "        per_token, flags = super().token_loss(*args)\n"
@@ -706,7 +706,7 @@ def test_loss_named_by_import_path_or_entry_point(tmp_path, monkeypatch):
     dist = tmp_path / "site" / "userlosses-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: userlosses\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[aspo_lit.losses]\nhalved = userlosses:Halved\n")
+    (dist / "entry_points.txt").write_text("[aspo_lit.maths.losses]\nhalved = userlosses:Halved\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     lp, old, adv, mask = random_batch(5)
     full = get_policy_loss("grpo", eps_high=0.3)(lp, old, adv, mask)[0]
@@ -717,6 +717,6 @@ def test_loss_named_by_import_path_or_entry_point(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="installed entry points: halved"):
         get_policy_loss("nope")
     with pytest.raises(ValueError, match="not a PolicyLoss"):
-        get_policy_loss("aspo_lit.losses:aggregate")
+        get_policy_loss("aspo_lit.maths.losses:aggregate")
     with pytest.raises(ValueError, match="cannot import 'no_such_package.losses'"):
         get_policy_loss("no_such_package.losses:X")

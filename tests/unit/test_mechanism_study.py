@@ -90,7 +90,7 @@ def test_the_documented_first_batch_reproduces(capsys, tmp_path):
     by up to ~5e-5)."""
     import hashlib
 
-    from aspo_lit.models import resolve_model_path
+    from aspo_lit.training.models import resolve_model_path
 
     weights = Path(resolve_model_path("testbed-long")) / "model.safetensors"
     built = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]

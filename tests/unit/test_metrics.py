@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from aspo_lit.metrics import (
+from aspo_lit.maths.metrics import (
     AvgAtK,
     PassAtK,
     avg_at_k,
@@ -148,7 +148,7 @@ def test_module_validation_logs_metrics_over_all_problems_per_run(tiny_model_dir
     from lightning.pytorch import Trainer
     from torch.utils.data import DataLoader
 
-    from aspo_lit.module import ASPOModule
+    from aspo_lit.training.module import ASPOModule
 
     module = ASPOModule(model_name_or_path=str(tiny_model_dir), kl_coef=0.0)
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
@@ -166,7 +166,7 @@ def test_module_validation_logs_metrics_over_all_problems_per_run(tiny_model_dir
 
 # --------------------------------------------------------------------------- standard errors
 # Exact expectations by enumerating every outcome of a few problems' K samples (the estimators'
-# derivations: aspo_lit/metrics.py), then Monte-Carlo checks at a realistic size within bounds
+# derivations: aspo_lit/maths/metrics.py), then Monte-Carlo checks at a realistic size within bounds
 # derived from the simulation's own spread.
 
 
@@ -198,7 +198,7 @@ def _expectations(per_problem: list[list[tuple[float, int]]], k: int, metric) ->
 
 
 def _u_bound(p: float, k: int) -> float:
-    """K p (1 - p)^(K-1) >= q(1 - q): pass@K's per-problem variance bound (aspo_lit/metrics.py)."""
+    """K p (1 - p)^(K-1) >= q(1 - q): pass@K's per-problem variance bound (aspo_lit/maths/metrics.py)."""
     return k * p * (1 - p) ** (k - 1)
 
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aspo_lit.microbatch import padding_fraction, token_budget_micro_batches, trim_to_micro_batch
+from aspo_lit.maths.microbatch import padding_fraction, token_budget_micro_batches, trim_to_micro_batch
 from aspo_lit.rollout.base import Completion
 from aspo_lit.rollout.batch import pack_rollouts
 

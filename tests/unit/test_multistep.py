@@ -93,8 +93,8 @@ def test_profiles_and_config_validation():
 
 def test_model_name_resolves_to_the_shipped_testbeds(monkeypatch):
     import aspo_lit.testbed.build as T
-    from aspo_lit.models import resolve_model_path
     from aspo_lit.testbed.shipped import ROOT
+    from aspo_lit.training.models import resolve_model_path
 
     monkeypatch.setattr(T, "build_testbed", lambda *a, **k: pytest.fail("a testbed was built"))
     for name in ("testbed", "testbed-long", "testbed-code"):

@@ -1,4 +1,4 @@
-"""A resume checks what it resumes (`aspo_lit.resume`, `RunCheckpoint.on_load_checkpoint`): a change
+"""A resume checks what it resumes (`aspo_lit.training.resume`, `RunCheckpoint.on_load_checkpoint`): a change
 to what defines the run, or to a setting the restored optimizer would ignore, is refused naming each
 key; with the expert's opt-in every change is applied and logged."""
 
@@ -11,7 +11,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from aspo_lit.callbacks import RunCheckpoint
 from aspo_lit.callbacks.checkpoint import ResumeRefused
-from aspo_lit.resume import ALLOW_CHANGES, resume_changes
+from aspo_lit.training.resume import ALLOW_CHANGES, resume_changes
 
 
 class Model(BoringModel):

@@ -319,8 +319,8 @@ def test_overlong_penalty_applied_once_in_rollouts(buffer, expected):
     """``data.overlong_buffer`` with the default math-verify reward: the penalty is added exactly once."""
     import torch  # here, not at the top: Lightning takes long to import and only this test needs it
 
-    from aspo_lit.module import PolicyHandle
     from aspo_lit.rollout import Completion, RolloutEngine
+    from aspo_lit.training.module import PolicyHandle
     from data_modules.math import RLDataModule
 
     class ScriptedEngine(RolloutEngine):

@@ -8,14 +8,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from aspo_lit.advantages import group_advantages
-from aspo_lit.module import PolicyHandle
+from aspo_lit.maths.advantages import group_advantages
+from aspo_lit.maths.seeding import derived_seed
 from aspo_lit.rollout.base import Completion
 from aspo_lit.rollout.process import EngineProcessError
 from aspo_lit.rollout_stage.controller import RolloutController, val_seed
 from aspo_lit.rollout_stage.ranks import RankContext
 from aspo_lit.rollout_stage.settings import RolloutSettings
-from aspo_lit.seeding import derived_seed
+from aspo_lit.training.module import PolicyHandle
 
 
 class ScriptedEngine:

@@ -1,4 +1,4 @@
-"""One run per folder (`aspo_lit.run_lock`, `RunCheckpoint`): a held folder is refused naming its
+"""One run per folder (`aspo_lit.training.run_lock`, `RunCheckpoint`): a held folder is refused naming its
 holder, a dead holder's lock is taken over, and a fresh fit never writes beside another run's
 checkpoint (the ``last-v1.ckpt`` that ``--ckpt_path last`` would then resume)."""
 
@@ -15,7 +15,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from aspo_lit.callbacks import RunCheckpoint
-from aspo_lit.run_lock import LOCK_NAME, RunFolderHeld, RunLock
+from aspo_lit.training.run_lock import LOCK_NAME, RunFolderHeld, RunLock
 
 
 def _dead_pid() -> int:
@@ -38,7 +38,7 @@ def test_a_held_folder_is_refused_naming_the_holder(tmp_path):
 def test_a_dead_holders_lock_is_taken_over_with_a_warning(tmp_path, caplog):
     dead = _dead_pid()
     (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": dead, "host": socket.gethostname(), "since": "then"}))
-    with caplog.at_level(logging.WARNING, logger="aspo_lit.run_lock"):
+    with caplog.at_level(logging.WARNING, logger="aspo_lit.training.run_lock"):
         lock = RunLock(tmp_path).acquire()
     assert f"taking over the lock of process {dead}" in caplog.text
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] != dead

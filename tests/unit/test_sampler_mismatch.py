@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from aspo_lit.losses import aggregate, get_policy_loss
-from aspo_lit.sampler_mismatch import mismatch_stats, truncated_is_weights
+from aspo_lit.maths.losses import aggregate, get_policy_loss
+from aspo_lit.maths.sampler_mismatch import mismatch_stats, truncated_is_weights
 from tests.helpers.tolerance import rounding_tol
 
 pytestmark = pytest.mark.numerics

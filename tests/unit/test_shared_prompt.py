@@ -1,4 +1,4 @@
-"""The shared-prompt path (aspo_lit/forward.py, "Shared prompts"; `model.share_prompt`): each
+"""The shared-prompt path (aspo_lit/training/forward.py, "Shared prompts"; `model.share_prompt`): each
 distinct prompt computed once, its responses against its KV cache. Values, entropy and gradients
 equal the row-by-row path's to rounding, with fewer tokens through the model; the mini-batch form
 (`PromptStates.leaves` + `prompt_backward_term`) gives the gradient of the whole mini-batch.
@@ -11,7 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aspo_lit.forward import (
+from aspo_lit.maths.microbatch import trim_to_micro_batch
+from aspo_lit.rollout.base import Completion
+from aspo_lit.rollout.batch import pack_rollouts
+from aspo_lit.training.forward import (
     distinct_prompts,
     encode_prompts,
     prompt_backward_term,
@@ -19,9 +22,6 @@ from aspo_lit.forward import (
     response_logprobs,
     responses_from_prompts,
 )
-from aspo_lit.microbatch import trim_to_micro_batch
-from aspo_lit.rollout.base import Completion
-from aspo_lit.rollout.batch import pack_rollouts
 from tests.unit.test_fused_logprobs import (
     VOCAB,
     assert_all_as_accurate,
@@ -115,7 +115,7 @@ def test_where_prompt_sharing_applies(monkeypatch):
 
 
 def test_share_prompt_refusals(testbed):
-    from aspo_lit.module import ASPOModule
+    from aspo_lit.training.module import ASPOModule
 
     with pytest.raises(ValueError, match="gradient_checkpointing"):
         ASPOModule(model_name_or_path=testbed, share_prompt=True, gradient_checkpointing=True)

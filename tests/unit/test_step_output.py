@@ -1,4 +1,4 @@
-"""The step's output is a typed object (`aspo_lit.step.StepOutput`): what a real training step
+"""The step's output is a typed object (`aspo_lit.maths.step.StepOutput`): what a real training step
 returns, the ratio the loss used (clamped as the loss clamps it), statistic names fixed before the
 step runs, and the shape contract it enforces."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 from lightning.pytorch import Callback, Trainer
 
-from aspo_lit.module import ASPOModule
-from aspo_lit.sampler_mismatch import MISMATCH_KEYS
-from aspo_lit.stats import Stat
-from aspo_lit.step import StepOutput
+from aspo_lit.maths.sampler_mismatch import MISMATCH_KEYS
+from aspo_lit.maths.stats import Stat
+from aspo_lit.maths.step import StepOutput
+from aspo_lit.training.module import ASPOModule
 from tools.fixed_rollouts import GROUPS, FixedRollouts
 
 

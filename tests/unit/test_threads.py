@@ -1,4 +1,4 @@
-"""Torch threads per rank (aspo_lit.threads): the host's cores divided among its ranks, a user's
+"""Torch threads per rank (aspo_lit.training.threads): the host's cores divided among its ranks, a user's
 OMP_NUM_THREADS kept, and FSDP2Strategy applying it (its 2-rank fits: tests/integration/test_sharded.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from aspo_lit.threads import set_threads_per_rank, threads_per_rank, usable_cores, user_thread_settings
+from aspo_lit.training.threads import set_threads_per_rank, threads_per_rank, usable_cores, user_thread_settings
 
 
 @pytest.mark.parametrize(("cores", "ranks", "threads"), [(16, 2, 8), (16, 8, 2), (17, 2, 8), (4, 8, 1), (1, 1, 1), (8, 1, 8)])
@@ -49,9 +49,9 @@ def restore_threads(monkeypatch):
 def test_fsdp2_strategy_sets_its_share_of_the_cores(restore_threads, monkeypatch):
     """Four ranks on an 8-core host: each rank's torch runs 2 threads, and the processes it starts
     inherit 2, whatever Lightning's launcher set in the rank after the strategy was made."""
-    from aspo_lit.strategy import FSDP2Strategy
+    from aspo_lit.training.strategy import FSDP2Strategy
 
-    monkeypatch.setattr("aspo_lit.threads.usable_cores", lambda: 8)
+    monkeypatch.setattr("aspo_lit.training.threads.usable_cores", lambda: 8)
     strategy = FSDP2Strategy(param_dtype=None)
     strategy.parallel_devices = [torch.device("cpu")] * 4
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as Lightning's launcher sets it (logical CPUs / ranks) before setup
@@ -62,9 +62,9 @@ def test_fsdp2_strategy_sets_its_share_of_the_cores(restore_threads, monkeypatch
 
 def test_fsdp2_strategy_keeps_the_users_setting(restore_threads, monkeypatch):
     """OMP_NUM_THREADS set before the strategy is made (a launcher sets it later, in each rank): kept."""
-    from aspo_lit.strategy import FSDP2Strategy
+    from aspo_lit.training.strategy import FSDP2Strategy
 
-    monkeypatch.setattr("aspo_lit.threads.usable_cores", lambda: 8)
+    monkeypatch.setattr("aspo_lit.training.threads.usable_cores", lambda: 8)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     strategy = FSDP2Strategy(param_dtype=None)
     strategy.parallel_devices = [torch.device("cpu")] * 4

@@ -1,4 +1,4 @@
-"""The update's bookkeeping (aspo_lit/update_plan.py): the row plan of the optimizer steps, what the
+"""The update's bookkeeping (aspo_lit/maths/update_plan.py): the row plan of the optimizer steps, what the
 update starts from (`PreUpdate`) and what it leaves (`UpdateRecord`). Small CPU tensors; every
 value is exact (indices, copies, dyadic log-probs), so every comparison is equality."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from aspo_lit.update_plan import (
+from aspo_lit.maths.update_plan import (
     PreUpdate,
     UpdateRecord,
     epoch_minibatches,

@@ -23,9 +23,9 @@ def main() -> None:
 
     import torch
 
-    from aspo_lit.models import load_policy, load_tokenizer, named_full_tensors, resolve_model_path
-    from aspo_lit.module import PolicyHandle
     from aspo_lit.rollout import SamplingConfig
+    from aspo_lit.training.models import load_policy, load_tokenizer, named_full_tensors, resolve_model_path
+    from aspo_lit.training.module import PolicyHandle
     from data_modules.testbed import ArithmeticRLDataModule
 
     path = resolve_model_path("testbed")

@@ -5,7 +5,7 @@
 A real Qwen2 architecture built from a config (2 layers, hidden 64, the real 151,936-token vocab,
 random init, no network), batch 1, a 16-token prompt and T response tokens. "logits" is the old
 path (`response_logprobs_unfused`: the model's `[1, T+1, V]` logits, then the chunked maths of
-aspo_lit.logprobs); "fused" is `response_logprobs` (hidden states x LM-head weight, a chunk of
+aspo_lit.maths.logprobs); "fused" is `response_logprobs` (hidden states x LM-head weight, a chunk of
 tokens at a time, recomputed in the backward: verl's FusedLinearForPPO idea).
 
 Each (T, path) runs in a fresh subprocess that builds the model and inputs, then reads the
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from aspo_lit.forward import response_logprobs, response_logprobs_unfused
+from aspo_lit.training.forward import response_logprobs, response_logprobs_unfused
 
 VOCAB = 151_936
 PROMPT = 16

@@ -53,8 +53,8 @@ def main() -> None:
 
     from lightning.pytorch import Callback, Trainer
 
-    from aspo_lit.module import ASPOModule
-    from aspo_lit.strategy import FSDP2Strategy
+    from aspo_lit.training.module import ASPOModule
+    from aspo_lit.training.strategy import FSDP2Strategy
 
     class Measure(Callback):
         def on_train_start(self, trainer, pl_module):

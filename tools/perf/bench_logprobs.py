@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from aspo_lit.logprobs import logprobs_and_entropy
+from aspo_lit.maths.logprobs import logprobs_and_entropy
 
 
 def naive_logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor):

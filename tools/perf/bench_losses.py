@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from aspo_lit.losses import POLICY_LOSSES, get_policy_loss
+from aspo_lit.maths.losses import POLICY_LOSSES, get_policy_loss
 
 BUILTIN = ["grpo", "grpo_no_is", "grpo_pos_mean", "aspo", "aspo_no_dual_clip", "cispo", "gspo"]
 

@@ -29,8 +29,8 @@ import time
 
 import torch
 
-from aspo_lit.forward import response_logprobs
-from aspo_lit.microbatch import padding_fraction, token_budget_micro_batches, trim_to_micro_batch
+from aspo_lit.maths.microbatch import padding_fraction, token_budget_micro_batches, trim_to_micro_batch
+from aspo_lit.training.forward import response_logprobs
 
 VOCAB = 64
 

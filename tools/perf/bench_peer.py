@@ -173,7 +173,7 @@ class Work:
 
 
 def load_work(shape: Shape) -> Work:
-    from aspo_lit.models import resolve_model_path
+    from aspo_lit.training.models import resolve_model_path
 
     cfg = merged_config(shape.config)
     model, data = cfg["model"], cfg["data"]

@@ -67,7 +67,7 @@ class StepParts(Callback):
         if batch_idx == 0:
             return
         t_own = time.perf_counter()
-        from aspo_lit.update_plan import PreUpdate, minibatch_rows, rows_per_minibatch
+        from aspo_lit.maths.update_plan import PreUpdate, minibatch_rows, rows_per_minibatch
 
         policy, ref = module.policy, module.ref_policy
         epoch = minibatch_rows(batch.input_ids.shape[0],

@@ -3,16 +3,16 @@
     python -m tools.perf.dtype_mismatch [--model testbed] [--prompts 16 --n 8 --max-tokens 64] [--seed 0]
 
 The engine is `HFEngine` on its own copy of the policy loaded in the engine dtype (its KV-cached
-decode loop, as a rollout samples); the trainer is `aspo_lit.forward.response_logprobs` (the
+decode loop, as a rollout samples); the trainer is `aspo_lit.training.forward.response_logprobs` (the
 update's full-sequence forward) on the fp32 policy cast to the compute dtype, which is what
 `FSDP2Strategy(param_dtype=...)`'s mixed-precision policy computes in (fp32 master weights, each
 layer's weights cast when gathered). Per pair, over the response tokens of one rollout batch:
-``rollout/logprob_diff_mean`` and ``_max`` (`aspo_lit.sampler_mismatch`), the IS ratio
+``rollout/logprob_diff_mean`` and ``_max`` (`aspo_lit.maths.sampler_mismatch`), the IS ratio
 π_trainer/π_sampler's standard deviation, and the share of tokens whose ratio sits outside the
 clip range [0.8, 1.2] before any update (where the loss would clip or flip them for numerics
 alone), and the flip's share: with the sampler's log-probs as π_old (``model.old_logprobs:
 sampler``) and every token given A > 0, Σ|w_GRPO − w_ASPO| / Σ w_GRPO (`flip/weight_change`,
-`aspo_lit.counterfactual`), the part of a first update that ASPO's flip changes for numerics alone.
+`aspo_lit.maths.counterfactual`), the part of a first update that ASPO's flip changes for numerics alone.
 Prints a Markdown table (docs/gpu.md, "fp16 compute").
 """
 
@@ -27,15 +27,15 @@ DTYPES = ("float32", "bfloat16", "float16")
 def main() -> None:
     import torch
 
-    from aspo_lit.counterfactual import flip_change_sums, share, shipped_losses, token_weights
-    from aspo_lit.forward import response_logprobs
-    from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path
+    from aspo_lit.maths.counterfactual import flip_change_sums, share, shipped_losses, token_weights
+    from aspo_lit.maths.sampler_mismatch import mismatch_stats
     from aspo_lit.prompts import encode_prompt
     from aspo_lit.rollout import SamplingConfig
     from aspo_lit.rollout.batch import pack_rollouts
     from aspo_lit.rollout.hf import HFEngine
-    from aspo_lit.sampler_mismatch import mismatch_stats
     from aspo_lit.testbed.arithmetic import generate_problems
+    from aspo_lit.training.forward import response_logprobs
+    from aspo_lit.training.models import load_policy, load_tokenizer, resolve_model_path
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="testbed")

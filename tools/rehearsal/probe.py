@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback
 
-from aspo_lit.models import full_tensor, named_full_tensors
+from aspo_lit.training.models import full_tensor, named_full_tensors
 
 
 def ulp(x: torch.Tensor) -> torch.Tensor:
@@ -155,7 +155,7 @@ class RehearsalProbe(Callback):
     def _record_loads(self) -> None:
         """Wrap the module's ``load_policy``: whether each load on this rank read the checkpoint
         (``materialize``) or built the architecture on the meta device for rank 0's broadcast."""
-        import aspo_lit.module as module
+        import aspo_lit.training.module as module
 
         original = module.load_policy
 

@@ -2,7 +2,7 @@
 
 The rehearsal's reference run: the same module and config, one process, fed the *global* batch
 the ranks of the recorded run trained on. Rank r's j-th mini-batch is its rows
-`[j*R, (j+1)*R)` (`aspo_lit.update_plan.minibatch_rows`), so the global batch is laid out mini-batch
+`[j*R, (j+1)*R)` (`aspo_lit.maths.update_plan.minibatch_rows`), so the global batch is laid out mini-batch
 by mini-batch, rank by rank: the 1-process run's j-th mini-batch is then exactly the union of
 the ranks' j-th mini-batches. Prompts are re-left-padded and responses re-right-padded to the
 widest rank.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from aspo_lit.maths.update_plan import rows_per_minibatch
 from aspo_lit.rollout.batch import RolloutBatch
-from aspo_lit.update_plan import rows_per_minibatch
 from data_modules.math import RLDataModule
 
 

@@ -164,7 +164,7 @@ def plot_figure2(run_dirs: Sequence[str], out_path_stem: str, labels: Sequence[s
 
     ``window``: draw each run's per-batch values faintly and its means over windows of that many
     batches over them (a run's own figure: one batch's value is mostly that batch's sampling noise).
-    ``bands``: per metric, ``{window: (low, mean, high)}`` of reference seeds (``aspo_lit.bands.seed_range``)
+    ``bands``: per metric, ``{window: (low, mean, high)}`` of reference seeds (``aspo_lit.maths.bands.seed_range``)
     drawn behind the runs, in windows of ``window`` batches. A panel whose series is 0 in every batch of
     every run says so instead of drawing a flat line."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state

@@ -5,7 +5,7 @@ Rows are `[left-padded prompt | right-padded response]`; response token t sits a
 
 `response_logprobs` never materialises `[B, T, vocab]` logits: the model runs its own forward
 (`logits_to_keep=T+1`, so only the response positions reach the head), but for that call the LM
-head's `forward` is swapped for the fused-linear reduction of :mod:`aspo_lit.fused_logprobs`
+head's `forward` is swapped for the fused-linear reduction of :mod:`aspo_lit.maths.fused_logprobs`
 (verl's `FusedLinearForPPO` idea), which turns the hidden states and the head weight straight
 into label log-probs and entropy, chunk by chunk. The head's result comes back as
 `output.logits`, now `[B, T]` fp32 log-probs.
@@ -23,7 +23,7 @@ head's weight *is* the embedding tensor, so its gradient accumulates on the shar
 Model families whose causal-LM forward applies the head as its last op on the logits are fused
 (`FUSED_MODEL_TYPES`); any other model (e.g. with logit soft-capping or scaling after the head)
 falls back to `response_logprobs_unfused`: HF logits + the chunked maths of
-:mod:`aspo_lit.logprobs`, exact but `O(T × vocab)` in memory.
+:mod:`aspo_lit.maths.logprobs`, exact but `O(T × vocab)` in memory.
 
 **Shared prompts.** The G responses of a group share their prompt, and a row-by-row forward
 computes it G times (on the CPU testbeds a quarter of a row's tokens). Causal attention makes a
@@ -56,8 +56,8 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from aspo_lit.fused_logprobs import fused_linear_logprobs
-from aspo_lit.logprobs import logprobs_and_entropy
+from aspo_lit.maths.fused_logprobs import fused_linear_logprobs
+from aspo_lit.maths.logprobs import logprobs_and_entropy
 from aspo_lit.rollout.batch import position_ids_from_mask
 
 __all__ = ["response_logprobs", "response_logprobs_unfused", "FUSED_MODEL_TYPES", "distinct_prompts",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from aspo_lit.checkpoint_io import unreadable
-from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path
+from aspo_lit.training.checkpoint_io import unreadable
+from aspo_lit.training.models import load_policy, load_tokenizer, resolve_model_path
 
 
 def is_checkpoint(model: str) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import Tensor
 
-from aspo_lit.stats import Stat
+from aspo_lit.maths.stats import Stat
 
 __all__ = ["StepOutput", "updates_per_rollout"]
 
@@ -88,7 +88,7 @@ class StepOutput(Mapping):
             raise ValueError(f"StepOutput.texts has {len(self.texts)} strings for {shape[0]} responses")
         bad = [name for name, stat in self.stats.items() if not isinstance(stat, Stat)]
         if bad:
-            raise ValueError(f"StepOutput.stats must hold Stat values (aspo_lit.stats); not: {bad}")
+            raise ValueError(f"StepOutput.stats must hold Stat values (aspo_lit.maths.stats); not: {bad}")
 
     # -- the Mapping view Lightning asks for -------------------------------------------------------
 

@@ -17,7 +17,7 @@ inputs gives the same bits, so the result is identical and one matmul per chunk 
 Numerics: the matmul runs in the weight's dtype (as the model's own ``lm_head`` would, so bf16
 weights give the same logits as the unfused path); everything after it -- bias, ``/temperature``,
 softmax, log-probs, entropy, the logits' gradient and the weight-gradient accumulation -- is fp32.
-The entropy is detached (non-differentiable), as in :mod:`aspo_lit.logprobs`.
+The entropy is detached (non-differentiable), as in :mod:`aspo_lit.maths.logprobs`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from aspo_lit.logprobs import chunk_forward
+from aspo_lit.maths.logprobs import chunk_forward
 
 __all__ = ["fused_linear_logprobs", "KEEP_LOGITS_MAX"]
 

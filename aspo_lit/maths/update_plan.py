@@ -15,7 +15,7 @@ verl's actor does (``ppo_mini_batch_size``, ``ppo_epochs``; ``shuffle`` for stan
   last update, and the pieces of the step's statistics (docs/design.md, "Step diagnostics"), made
   in the last epoch only (`UpdateRecord.made_at`), where it stays;
 * `EncodedPrompts`: prompts encoded once for a set of rows (``model.share_prompt``;
-  `aspo_lit.forward`, "Shared prompts").
+  `aspo_lit.training.forward`, "Shared prompts").
 
 Pure torch: no model runs here.
 """
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from aspo_lit.sampler_mismatch import mismatch_stats
-from aspo_lit.stats import Stat, StatAccumulator
+from aspo_lit.maths.sampler_mismatch import mismatch_stats
+from aspo_lit.maths.stats import Stat, StatAccumulator
 
 if TYPE_CHECKING:
-    from aspo_lit.forward import PromptStates
     from aspo_lit.rollout.batch import RolloutBatch
+    from aspo_lit.training.forward import PromptStates
 
 
 def rows_per_minibatch(mini_batch_size: int, group_size: int, world_size: int) -> int:

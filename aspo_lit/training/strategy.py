@@ -13,10 +13,10 @@ gradients in `reduce_dtype` (fp32). Pure bf16 weights (`precision: bf16-true`) l
 lr 1e-6 to rounding: a bf16 weight of magnitude 0.02 changes only by steps of 2^-14.
 
 `param_dtype: float16` (or `reduce_dtype: float16`) is fp16 compute on the same fp32 master weights:
-`ASPOModule` then scales the loss with torch's `ShardedGradScaler` (`aspo_lit.fp16`; docs/gpu.md,
+`ASPOModule` then scales the loss with torch's `ShardedGradScaler` (`aspo_lit.maths.fp16`; docs/gpu.md,
 "fp16 compute"), as verl's FSDP workers do for fp16.
 
-Each rank runs its share of the host's physical cores as torch threads (`aspo_lit.threads`), unless
+Each rank runs its share of the host's physical cores as torch threads (`aspo_lit.training.threads`), unless
 ``OMP_NUM_THREADS`` is set.
 """
 
@@ -30,9 +30,9 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
-from aspo_lit.checkpoint_io import staging_path, swap_folder
-from aspo_lit.settings import check_choice
-from aspo_lit.threads import set_threads_per_rank, user_thread_settings
+from aspo_lit.maths.settings import check_choice
+from aspo_lit.training.checkpoint_io import staging_path, swap_folder
+from aspo_lit.training.threads import set_threads_per_rank, user_thread_settings
 
 ComputeDType = Literal["float32", "bfloat16", "float16"]
 _DTYPES = {name: getattr(torch, name) for name in get_args(ComputeDType)}
@@ -69,12 +69,12 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.set_threads()
 
     def set_threads(self) -> None:
-        """This rank's torch threads: its share of the host's cores (`aspo_lit.threads`), logged once."""
+        """This rank's torch threads: its share of the host's cores (`aspo_lit.training.threads`), logged once."""
         rank_zero_info(set_threads_per_rank(self.num_processes, self.user_thread_settings))
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         """A sharded checkpoint folder is written beside its target and swapped in whole
-        (`aspo_lit.checkpoint_io.swap_folder`): a save that fails leaves the previous one loadable.
+        (`aspo_lit.training.checkpoint_io.swap_folder`): a save that fails leaves the previous one loadable.
         A single-file checkpoint goes through the CheckpointIO (atomic: `AtomicCheckpointIO`)."""
         if not self._save_distributed_checkpoint or storage_options is not None:
             return super().save_checkpoint(checkpoint, filepath, storage_options)

@@ -3,9 +3,9 @@
     python -m aspo_lit reference runs/seeds/s*/version_0 --out my_ref.json   # >= 5 seeds of one config
     python -m aspo_lit compare runs/tiny_aspo/version_0 --reference demo     # a run against the shipped demo
 
-``reference`` keeps every seed's window values (:mod:`aspo_lit.run_reference`); ``compare`` scores
+``reference`` keeps every seed's window values (:mod:`aspo_lit.compare.run_reference`); ``compare`` scores
 the run and the seeds over the windows the run has, tests each metric by its prediction interval,
-flags the metrics Holm's step-down rejects at the family-wise ``alpha`` (:mod:`aspo_lit.bands`), draws
+flags the metrics Holm's step-down rejects at the family-wise ``alpha`` (:mod:`aspo_lit.maths.bands`), draws
 the run over the seeds' range, and exits 1 on any departure (0 inside; 2 when nothing can be
 compared). ``--reference NAME`` without a path names a reference shipped in the package
 (``aspo_lit/references/NAME.json``).
@@ -22,10 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from aspo_lit import run_reference
-from aspo_lit.bands import complete_windows, seed_range, window_values
-from aspo_lit.figures import draw_seed_range
-from aspo_lit.run_reference import (
+from aspo_lit.compare import run_reference
+from aspo_lit.compare.run_reference import (
     MetricResult,
     Reference,
     build_reference,
@@ -34,7 +32,9 @@ from aspo_lit.run_reference import (
     exit_code,
     read_reference,
 )
-from aspo_lit.runlog import SPEED_ONLY_KEYS, STEP_KEY, CompareError, RunLog, config_differences, load_run
+from aspo_lit.compare.runlog import SPEED_ONLY_KEYS, STEP_KEY, CompareError, RunLog, config_differences, load_run
+from aspo_lit.maths.bands import complete_windows, seed_range, window_values
+from aspo_lit.training.figures import draw_seed_range
 
 
 def format_table(results: Sequence[MetricResult]) -> str:

@@ -8,13 +8,13 @@ Every loss is a :class:`PolicyLoss` subclass registered under a name. A subclass
 ``token_loss`` -- the per-token loss ``ℓ_t`` (the negated per-token objective) plus per-token clip
 flags and any statistics of its own; the base class validates the input, broadcasts advantages,
 applies the entropy-dependent ε option, aggregates with ``loss_agg`` and reduces the statistics to
-:class:`~aspo_lit.stats.Stat` values, each carrying its weight and reduction.
+:class:`~aspo_lit.maths.stats.Stat` values, each carrying its weight and reduction.
 
     loss_fn = get_policy_loss("aspo", eps_low=0.2, eps_high=0.2, dual_clip=3.0)
     loss, stats = loss_fn(logprobs, old_logprobs, advantages, mask)
 
-A loss is named by its registered name, by an entry point of the ``aspo_lit.losses`` group (an
-installed package's ``[project.entry-points."aspo_lit.losses"]``), or by its import path
+A loss is named by its registered name, by an entry point of the ``aspo_lit.maths.losses`` group (an
+installed package's ``[project.entry-points."aspo_lit.maths.losses"]``), or by its import path
 (``mypkg.losses:MyLoss``); :func:`get_policy_loss` resolves the three.
 
 Gradient view (Prop. 4.1): every loss here has ``∂ℓ_t/∂lp_t = -w_t·A_t`` for a detached token
@@ -32,7 +32,7 @@ from typing import Callable, Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from aspo_lit.stats import Stat
+from aspo_lit.maths.stats import Stat
 
 __all__ = [
     "LOSS_AGG_MODES",
@@ -66,7 +66,7 @@ KLKind = Literal[tuple(KL_KINDS)]
 CLIP_SIGNS = {"clip/pos_high": "positive", "clip/neg_low": "negative",
               "clip/pos_dual": "positive", "clip/neg_dual": "negative"}
 STAT_KEYS = (*CLIP_SIGNS, "ratio/pos_mean", "ratio/neg_mean")
-ENTRY_POINT_GROUP = "aspo_lit.losses"
+ENTRY_POINT_GROUP = "aspo_lit.maths.losses"
 
 POLICY_LOSSES: dict[str, type["PolicyLoss"]] = {}
 
@@ -304,7 +304,7 @@ class PolicyLoss:
           restricted to the sign or the mask: the base class does that;
         * any other name with a ``[B, T]`` tensor: its mean over the response tokens (weight: their
           count), e.g. ``{"my_flag": flags}`` logs the share of response tokens flagged;
-        * any name with a :class:`~aspo_lit.stats.Stat`: kept as it is -- the loss declares its
+        * any name with a :class:`~aspo_lit.maths.stats.Stat`: kept as it is -- the loss declares its
           own weight and reduction.
 
         A loss must return the same names for every input. A name without ``/`` is logged under
@@ -379,7 +379,7 @@ class PolicyLoss:
 
     @torch.no_grad()
     def reduce_stats(self, logprobs, old_logprobs, advantages, mask, token_stats) -> dict[str, Stat]:
-        """The token statistics of :meth:`token_loss` as :class:`~aspo_lit.stats.Stat` values: clip
+        """The token statistics of :meth:`token_loss` as :class:`~aspo_lit.maths.stats.Stat` values: clip
         shares and ratio means over the response tokens of their sign, the loss's own statistics."""
         token_stats = dict(token_stats)
         ratio = self.ratio(logprobs, old_logprobs, mask)

@@ -1,7 +1,7 @@
 """A run as its log folder holds it: the logged series, the config, the seed and the testbed it
 started from (what `reference` and `compare` read; docs/compare.md).
 
-A run is whatever :func:`aspo_lit.figures.read_metrics` reads: a log folder (``runs/NAME/version_K``),
+A run is whatever :func:`aspo_lit.training.figures.read_metrics` reads: a log folder (``runs/NAME/version_K``),
 its ``metrics.csv``, a TensorBoard folder, or ``wandb:ENTITY/PROJECT/RUN_ID``. Steps are the logger's
 step, the rollout batch index (docs/metrics.md). Its seed is ``seed_everything`` in the
 ``config.yaml`` LightningCLI writes beside the logs; its testbed is ``testbed`` in the
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from aspo_lit.figures import WANDB_PREFIX, find_metrics_source, read_metrics
+from aspo_lit.training.figures import WANDB_PREFIX, find_metrics_source, read_metrics
 
 __all__ = ["CompareError", "RunLog", "load_run", "config_differences", "resolve_metrics", "SPEED_ONLY_KEYS",
            "ADDED_SETTINGS", "STEP_KEY"]
 
 STEP_KEY = "step"
-# config keys that differ between seeds of one config by construction (aspo_lit/seeding.py) or say
+# config keys that differ between seeds of one config by construction (aspo_lit/maths/seeding.py) or say
 # only where the logs went
 _PER_RUN_KEY = re.compile(r"^(seed_everything|ckpt_path|trainer\.logger(\..*)?|trainer\.default_root_dir|(.*\.)?seed)$")
 #: Settings that keep the maths and change at most the order of floating-point sums (how rows are
@@ -65,7 +65,7 @@ class RunLog:
 
 
 def load_run(path: str) -> RunLog:
-    """Read a run (:func:`aspo_lit.figures.read_metrics`), its ``config.yaml`` (the seed) and its
+    """Read a run (:func:`aspo_lit.training.figures.read_metrics`), its ``config.yaml`` (the seed) and its
     ``hparams.yaml`` (the testbed); errors name the file."""
     path = os.fspath(path)
     try:

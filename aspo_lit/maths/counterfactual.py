@@ -2,7 +2,7 @@
 statistics that say what ASPO's flip changes (docs/metrics.md, "What the flip changes").
 
 Prop. 4.1: each loss's gradient is ``Σ_t w_t·A_t·∇log π_θ(y_t)`` with a detached token weight ``w``
-(:func:`aspo_lit.losses.effective_token_weight`). Given one rollout batch's tokens -- ``log π_old``,
+(:func:`aspo_lit.maths.losses.effective_token_weight`). Given one rollout batch's tokens -- ``log π_old``,
 ``log π_θ`` at the token's last update, π_old's entropy, the group advantage of eq. 1 -- every loss's
 ``w`` follows without a model forward, so the losses can be compared on the *same* tokens: GRPO's
 ``m·r`` against ASPO's flipped ``1/r`` (Sec. 6, eq. 3) above all.
@@ -25,13 +25,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aspo_lit.losses import POLICY_LOSSES, PolicyLoss, effective_token_weight, get_policy_loss
+from aspo_lit.maths.losses import POLICY_LOSSES, PolicyLoss, effective_token_weight, get_policy_loss
 
 __all__ = ["SHIPPED_LOSSES", "FORCED_ENTROPY", "shipped_losses", "token_weights", "flip_change_sums",
            "entropy_split_sums", "covariance_sums", "share", "entropy_change", "decile_means",
            "average_ranks", "spearman", "quantiles"]
 
-#: The losses aspo_lit ships (registered in `aspo_lit.losses`), in registration order.
+#: The losses aspo_lit ships (registered in `aspo_lit.maths.losses`), in registration order.
 SHIPPED_LOSSES: tuple[str, ...] = tuple(name for name, cls in POLICY_LOSSES.items()
                                         if cls.__module__ == PolicyLoss.__module__)
 

@@ -6,7 +6,7 @@ paper's 64/16, taken as consecutive response slices) x token-budget micro-batche
 accumulation under one global normaliser. The policy loss is any `PolicyLoss` (docs/design.md
 "Losses"); the KL term is eq. 1's `-beta * D_KL`. It returns a `StepOutput` for the callbacks
 (docs/design.md "Step diagnostics"). The row plan and the update's bookkeeping (what it starts
-from, what it leaves) are `aspo_lit.update_plan`'s.
+from, what it leaves) are `aspo_lit.maths.update_plan`'s.
 """
 
 from __future__ import annotations
@@ -21,17 +21,8 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from aspo_lit.forward import (
-    distinct_prompts,
-    encode_prompts,
-    prompt_backward_term,
-    prompt_sharing_applies,
-    response_logprobs,
-    responses_from_prompts,
-)
-from aspo_lit.fp16 import check_precision, check_weights_dtype, fsdp_needs_grad_scaler
-from aspo_lit.kl_reference import ReferenceHolder, drop_reference_weights
-from aspo_lit.losses import (
+from aspo_lit.maths.fp16 import check_precision, check_weights_dtype, fsdp_needs_grad_scaler
+from aspo_lit.maths.losses import (
     KLKind,
     PolicyLoss,
     agg_normalizer,
@@ -40,21 +31,36 @@ from aspo_lit.losses import (
     get_policy_loss,
     kl_penalty,
 )
-from aspo_lit.metrics import AvgAtK, PassAtK
-from aspo_lit.microbatch import token_budget_micro_batches, trim_to_micro_batch
-from aspo_lit.models import load_policy, load_tokenizer, resolve_model_path, shard_and_broadcast, shard_decoder_layers
+from aspo_lit.maths.metrics import AvgAtK, PassAtK
+from aspo_lit.maths.microbatch import token_budget_micro_batches, trim_to_micro_batch
+from aspo_lit.maths.sampler_mismatch import check_truncated_support, truncated_is_weights
+from aspo_lit.maths.seeding import derived_seed, run_seed
+from aspo_lit.maths.settings import check_choice, check_positive_int, choices
+from aspo_lit.maths.stats import Stat
+from aspo_lit.maths.step import StepOutput
+from aspo_lit.maths.update_plan import EncodedPrompts, PreUpdate, UpdateRecord, epoch_minibatches, rows_per_minibatch
 from aspo_lit.rollout.batch import RolloutBatch
-from aspo_lit.sampler_mismatch import check_truncated_support, truncated_is_weights
-from aspo_lit.seeding import derived_seed, run_seed
-from aspo_lit.settings import check_choice, check_positive_int, choices
-from aspo_lit.stats import Stat
-from aspo_lit.step import StepOutput
 from aspo_lit.testbed.shipped import describe as describe_testbed
 from aspo_lit.testbed.shipped import identity as testbed_identity
-from aspo_lit.update_plan import EncodedPrompts, PreUpdate, UpdateRecord, epoch_minibatches, rows_per_minibatch
+from aspo_lit.training.forward import (
+    distinct_prompts,
+    encode_prompts,
+    prompt_backward_term,
+    prompt_sharing_applies,
+    response_logprobs,
+    responses_from_prompts,
+)
+from aspo_lit.training.kl_reference import ReferenceHolder, drop_reference_weights
+from aspo_lit.training.models import (
+    load_policy,
+    load_tokenizer,
+    resolve_model_path,
+    shard_and_broadcast,
+    shard_decoder_layers,
+)
 
 # The settings with a fixed set of values (LightningCLI rejects any other, naming the key; `_validate_hparams`
-# does for a module built in Python). kl_kind: `aspo_lit.losses.KLKind`, verl's names next to Schulman's.
+# does for a module built in Python). kl_kind: `aspo_lit.maths.losses.KLKind`, verl's names next to Schulman's.
 OldLogprobs = Literal["recompute", "sampler"]
 TorchDType = Literal["float32", "bfloat16", "float16", "auto"]
 OLD_LOGPROBS = choices(OldLogprobs)
@@ -86,7 +92,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
         model_name_or_path: HF hub id, local folder, or ``"testbed"`` (the CPU testbed model,
             built and cached on first use).
         loss: a loss name -- registered (``aspo``, ``grpo``, ``grpo_no_is``, ``grpo_pos_mean``,
-            ``aspo_no_dual_clip``, ``cispo``, ``gspo``), an ``aspo_lit.losses`` entry point or an import
+            ``aspo_no_dual_clip``, ``cispo``, ``gspo``), an ``aspo_lit.maths.losses`` entry point or an import
             path (``mypkg.losses:MyLoss``) -- or a `PolicyLoss` instance (``class_path``).
         loss_kwargs: hyper-parameters for a loss given by name (``eps_low``, ``eps_high``,
             ``dual_clip``, ``loss_agg``, ``eps_high_entropy``, ...). An error with a ``class_path``
@@ -114,10 +120,10 @@ class ASPOModule(ReferenceHolder, LightningModule):
         logprob_chunk_size: sequence positions per chunk of the log-softmax / entropy maths.
         gradient_checkpointing: recompute activations in the backward pass.
         torch_dtype: dtype of the loaded (master) weights and optimizer states. Keep ``float32``:
-            bf16 compute comes from the strategy (`aspo_lit.strategy.FSDP2Strategy(param_dtype=
+            bf16 compute comes from the strategy (`aspo_lit.training.strategy.FSDP2Strategy(param_dtype=
             "bfloat16")`); pure bf16 weights do not move at the paper's lr of 1e-6. fp16 weights
             (``float16``, or ``auto`` on an fp16 checkpoint) are refused: fp16 compute is
-            ``param_dtype="float16"``, with the loss scaled by ``grad_scaler`` (`aspo_lit.fp16`).
+            ``param_dtype="float16"``, with the loss scaled by ``grad_scaler`` (`aspo_lit.maths.fp16`).
         max_nonfinite_steps: consecutive skipped (non-finite) optimizer steps before stopping; under
             fp16, a step skipped for its scaled gradients' overflow counts only once the scale is 1.
         rollout_is_cap: truncated importance sampling against the sampler/trainer mismatch: each
@@ -142,7 +148,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
             epoch ``entropy/measured_change`` is then 0. The reference pass stays.
         share_prompt: compute each distinct prompt once per mini-batch (once per rollout batch
             before the update), its KV cache shared by the group's G responses in every
-            micro-batch (`aspo_lit.forward`, "Shared prompts"), for the policy and the reference. The same maths; the prompt's sums run in other shapes, so the
+            micro-batch (`aspo_lit.training.forward`, "Shared prompts"), for the policy and the reference. The same maths; the prompt's sums run in other shapes, so the
             log-probs move by rounding (~1e-6), not bit for bit: off by default, so a run's
             numbers do not change with it. On the testbeds the prompt is a quarter of a row's
             tokens (docs/performance.md). Unsharded policies only (refused under FSDP2), and
@@ -218,11 +224,11 @@ class ASPOModule(ReferenceHolder, LightningModule):
         """Load policy and frozen reference; under `FSDP2Strategy` shard each decoder layer.
 
         Sharded, only rank 0 reads the checkpoint: the other ranks build the models on the meta
-        device and receive their shards from rank 0 (`aspo_lit.models.shard_and_broadcast`), so a
+        device and receive their shards from rank 0 (`aspo_lit.training.models.shard_and_broadcast`), so a
         node holds one full host copy instead of one per rank. The frozen reference is held in the
         strategy's compute dtype (bf16 on GPU, as verl): its forward runs in that dtype under the
         mixed-precision policy anyway, so its log-probs are the same, at half the memory. It is
-        not part of the module's state dict (`aspo_lit.kl_reference`): checkpoints carry the policy
+        not part of the module's state dict (`aspo_lit.training.kl_reference`): checkpoints carry the policy
         only, and a resumed fit rebuilds the reference here from the base checkpoint, as a fresh one.
         """
         if self.policy is not None:
@@ -242,11 +248,11 @@ class ASPOModule(ReferenceHolder, LightningModule):
                 f"trainer.strategy: FSDP2 would shard over {mesh['data_parallel'].size()} of {self.trainer.world_size} "
                 f"processes (data parallel {mesh['data_parallel'].size()} x tensor parallel "
                 f"{mesh['tensor_parallel'].size()}), so the other ranks would train independent copies; use "
-                "aspo_lit.strategy.FSDP2Strategy (data parallel over every rank)")
+                "aspo_lit.training.strategy.FSDP2Strategy (data parallel over every rank)")
         sharded = mesh is not None and self.trainer.world_size > 1
         materialize = not sharded or self.trainer.global_rank == 0
         mp_policy = getattr(self.trainer.strategy, "mp_policy", None) if mesh is not None else None
-        if fsdp_needs_grad_scaler(mp_policy):  # fp16 on the gradient's path: scale the loss (aspo_lit.fp16)
+        if fsdp_needs_grad_scaler(mp_policy):  # fp16 on the gradient's path: scale the loss (aspo_lit.maths.fp16)
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
             # verl's fp16 actor's scaler: from 2^16, halved on an overflow, doubled after 400 clean steps
@@ -267,14 +273,14 @@ class ASPOModule(ReferenceHolder, LightningModule):
         check_weights_dtype(next(self.policy.parameters()).dtype, f"{hp.torch_dtype} (a checkpoint stored in fp16)")
         if hp.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if hp.kl_coef > 0:  # held outside the checkpoint: rebuilt here on resume too (aspo_lit.kl_reference)
+        if hp.kl_coef > 0:  # held outside the checkpoint: rebuilt here on resume too (aspo_lit.training.kl_reference)
             self.hold_reference(build(getattr(mp_policy, "param_dtype", None) or hp.torch_dtype))
             self.ref_policy.eval().requires_grad_(False)
         if hp.share_prompt and not prompt_sharing_applies(self.policy):
             raise ValueError(
                 f"model.share_prompt does not apply to {type(self.policy).__name__} (model_type "
                 f"{getattr(self.policy.config, 'model_type', None)!r}): it needs a fused model family "
-                "(aspo_lit.forward.FUSED_MODEL_TYPES) with plain DynamicLayer caches; set model.share_prompt: false")
+                "(aspo_lit.training.forward.FUSED_MODEL_TYPES) with plain DynamicLayer caches; set model.share_prompt: false")
 
     def policy_handle(self) -> PolicyHandle:
         """The policy, its tokenizer, checkpoint and device, for the DataModule that samples with them
@@ -660,7 +666,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
 
     def export_hf(self, out_dir: str) -> str:
         """Save the policy in HF format (`save_pretrained`) with its tokenizer, for vLLM evaluation."""
-        from aspo_lit.models import full_state_dict
+        from aspo_lit.training.models import full_state_dict
 
         state = full_state_dict(self.policy)
         if self.trainer is None or self.trainer.is_global_zero:

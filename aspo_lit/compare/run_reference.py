@@ -1,11 +1,11 @@
 """Reference runs: the seeds of one config kept as a file, and a run compared with them (docs/compare.md).
 
 A reference (JSON, format ``aspo-lit-reference``, kind ``run``, version 2) holds, per metric of
-:data:`METRICS`, every seed's window values (:func:`aspo_lit.bands.window_values`), with the config,
+:data:`METRICS`, every seed's window values (:func:`aspo_lit.maths.bands.window_values`), with the config,
 the testbed, the commit and the seeds they came from. :func:`compare_run` scores a run and each
-reference seed over the windows the run has (:func:`aspo_lit.bands.trajectory_score`), tests each
+reference seed over the windows the run has (:func:`aspo_lit.maths.bands.trajectory_score`), tests each
 metric by its t prediction interval and flags the metrics Holm's step-down rejects at the family-wise
-``alpha`` (:mod:`aspo_lit.bands`). For a flagged metric it also says from which window on a run cut
+``alpha`` (:mod:`aspo_lit.maths.bands`). For a flagged metric it also says from which window on a run cut
 there would already have been flagged. :func:`leave_one_out` compares each seed with the reference of
 the others.
 """
@@ -20,7 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-from aspo_lit.bands import (
+from aspo_lit.compare.runlog import (
+    SPEED_ONLY_KEYS,
+    STEP_KEY,
+    CompareError,
+    RunLog,
+    config_differences,
+    load_yaml,
+    resolve_metrics,
+)
+from aspo_lit.configs import REFERENCE_FORMAT, SHIPPED_REFERENCES, git_commit, shipped_reference
+from aspo_lit.maths.bands import (
     MIN_CALIBRATION_SEEDS,
     Departure,
     MetricSpec,
@@ -32,23 +42,13 @@ from aspo_lit.bands import (
     trajectory_score,
     window_values,
 )
-from aspo_lit.configs import REFERENCE_FORMAT, SHIPPED_REFERENCES, git_commit, shipped_reference
-from aspo_lit.runlog import (
-    SPEED_ONLY_KEYS,
-    STEP_KEY,
-    CompareError,
-    RunLog,
-    config_differences,
-    load_yaml,
-    resolve_metrics,
-)
 
 __all__ = ["METRICS", "VERSION", "Reference", "RefMetric", "MetricResult", "build_reference", "parse_reference",
            "read_reference", "compare_run", "exit_code", "leave_one_out", "family_p", "matching_reference",
            "comparable_config", "default_window"]
 
 # Paper Fig. 2's dynamics plus what moves first when an update is wrong (docs/metrics.md names them),
-# each with its window summary and transform (aspo_lit.bands): medians where a batch's spike should
+# each with its window summary and transform (aspo_lit.maths.bands): medians where a batch's spike should
 # not count, means where most batches log exactly 0 (the clip shares, repetition), log for positive
 # right-skewed metrics, sqrt for the zero-inflated shares. "@K" matches any K.
 METRICS: dict[str, MetricSpec] = {
@@ -191,7 +191,7 @@ def build_reference(runs: Sequence[RunLog], window: int | None = None, alpha: fl
 
 def held_out_t(runs: Sequence[RunLog], window: int) -> list[list[dict[str, float]]]:
     """Leaving one seed out: ``[L][i]``, seed ``i``'s t per metric against the reference of the others
-    on the first ``L + 1`` windows (what :func:`aspo_lit.bands.calibrated_df` calibrates on)."""
+    on the first ``L + 1`` windows (what :func:`aspo_lit.maths.bands.calibrated_df` calibrates on)."""
     runs = list(runs)
     prefixes: dict[int, list[dict[str, float]]] = {}
     for i, held in enumerate(runs):
@@ -205,7 +205,7 @@ def held_out_t(runs: Sequence[RunLog], window: int) -> list[list[dict[str, float
 
 
 def calibration(runs: Sequence[RunLog], window: int, alpha: float) -> dict:
-    """The reference's degrees of freedom (:func:`aspo_lit.bands.calibrated_df` on :func:`held_out_t`)
+    """The reference's degrees of freedom (:func:`aspo_lit.maths.bands.calibrated_df` on :func:`held_out_t`)
     and, at them, the share of held-out seeds that depart on each prefix of windows."""
     n = len(runs)
     if n < MIN_CALIBRATION_SEEDS:

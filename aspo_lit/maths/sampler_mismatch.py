@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from aspo_lit.stats import Stat
+from aspo_lit.maths.stats import Stat
 
 MISMATCH_KEYS = ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/is_ratio_mean",
                  "rollout/is_ratio_max")

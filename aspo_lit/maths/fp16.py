@@ -9,7 +9,7 @@ fixes it: fp32 master weights, fp16 compute, the loss multiplied by a scale S be
 the gradients divided by S before the step, and a step whose scaled gradients overflow skipped
 while S halves (docs/gpu.md, "fp16 compute").
 
-The one way: ``trainer.strategy: aspo_lit.strategy.FSDP2Strategy`` with ``param_dtype: float16``
+The one way: ``trainer.strategy: aspo_lit.training.strategy.FSDP2Strategy`` with ``param_dtype: float16``
 (or ``reduce_dtype: float16``) and ``model.torch_dtype: float32``; `ASPOModule` then scales the
 loss with torch's sharded grad scaler (`fsdp_needs_grad_scaler`). Every other way is refused:
 
@@ -29,7 +29,7 @@ import torch
 FP16_PRECISIONS = ("16-mixed", "16", "16-true", "transformer-engine-float16")
 
 _THE_WAY = ("keep fp32 master weights (model.torch_dtype: float32, trainer.precision: 32-true) and compute in "
-            "fp16 with trainer.strategy: aspo_lit.strategy.FSDP2Strategy (init_args: {param_dtype: float16}), "
+            "fp16 with trainer.strategy: aspo_lit.training.strategy.FSDP2Strategy (init_args: {param_dtype: float16}), "
             "which scales the loss with a sharded grad scaler")
 
 
