@@ -125,7 +125,6 @@ class RLDataModule(LightningDataModule):
         # the sources as given (LightningCLI gives `Source` objects; `hparams` holds their config form)
         self.data_sources = {"train": train_files, "val": val_files}
         self.train_batches: PromptBatches | None = None
-        self.stats: dict[str, float] = {}
         self._task: Task | None = None
         self._policy_handle: PolicyHandle | None = None
         hp = self.hparams
@@ -196,9 +195,13 @@ class RLDataModule(LightningDataModule):
                         seed, self.seed)
             self.controller.seed = int(seed)
 
+    @property
+    def stats(self) -> dict[str, float]:
+        """The data counts so far (``data/...``: the task's)."""
+        return self.task.stats
+
     def _log_data_counts(self, stats: dict[str, float]) -> None:
-        """Data counts into ``self.stats`` and, on a fresh run, into the run's loggers (step 0)."""
-        self.stats.update(stats)
+        """Data counts, on a fresh run, into the run's loggers (step 0)."""
         trainer = self.trainer
         if trainer is not None and trainer.global_step == 0 and trainer.is_global_zero:
             for logger in trainer.loggers:

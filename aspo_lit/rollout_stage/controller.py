@@ -143,10 +143,11 @@ class RolloutController:
         start = time.perf_counter()
         grader = self.grader()
         rewards = torch.tensor(grader.batch(texts, golds), dtype=torch.float32)
-        if not torch.isfinite(rewards).all():
-            i = int((~torch.isfinite(rewards)).nonzero()[0])
+        bad = ~torch.isfinite(rewards)
+        if bad.any():
+            i = int(bad.nonzero()[0])
             raise ValueError(f"{type(grader).__name__} gave a reward of {float(rewards[i])} to sample {i % s.group_size} "
-                             f"of prompt id {records[i // s.group_size].get('id')!r} (of {int((~torch.isfinite(rewards)).sum())} "
+                             f"of prompt id {records[i // s.group_size].get('id')!r} (of {int(bad.sum())} "
                              f"non-finite in this batch): a reward must be a finite number; response starts "
                              f"{texts[i][:80]!r}")
         lengths = torch.tensor([len(c.token_ids) for group in completions for c in group])

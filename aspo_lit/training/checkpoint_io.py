@@ -147,13 +147,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         torch.save(checkpoint, buffer)
         write_atomic(Path(path), buffer.getbuffer())
 
-    def load_checkpoint(self, path, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(self, path, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Lightning's load; a file that does not load is named with what is wrong with it
         (`unreadable`), never with torch's advice to unpickle it unsafely."""
         try:
-            if map_location is None:
-                return super().load_checkpoint(path, weights_only=weights_only)
-            return super().load_checkpoint(path, map_location, weights_only)
+            return super().load_checkpoint(path, *args, **kwargs)
         except FileNotFoundError:
             raise
         except Exception as err:   # every way a file fails to load gets its own message
