@@ -15,10 +15,20 @@ tokens of responses with a positive group advantage; ASPO's flip acts on these o
   tokens (decile01 the least likely); ``flip/spearman_pi_old_ratio``: Spearman's correlation of
   π_old and r over the *active* A > 0 tokens (not clipped by GRPO, r ≤ 1 + ε_high): positive when
   the ratio, hence GRPO's weight, rises on the already-likely tokens of the batch;
-* the first-order entropy change with each loss's weights: ``flip/entropy_change/<loss>`` =
-  −Cov(log π_old, w·A) over the response tokens (Cui et al. 2025, arXiv 2505.22617, Sec. 3, with the
-  loss's weight inside the logit change; units of the step size; ``grpo_no_is`` at r ≡ 1 is
-  ``entropy/predicted_change``), and ``flip/entropy_change_gap`` = grpo's − aspo's;
+* the first-order entropy change with each loss's weights (Cui et al. 2025, arXiv 2505.22617,
+  Sec. 3, with the loss's weight inside the logit change, ``y = w·A``; units of the step size), by
+  two estimators (`aspo_lit.maths.counterfactual`; docs/metrics.md, "Two first-order estimators"):
+
+  - ``flip/entropy_change_state/<loss>``: the state-centred one, −(1/n)·Σ_t r_t·(log π_θ(y_t) +
+    H_θ(s_t))·y_t, the covariance of log π and y over the actions *at each state* under π_θ (at the
+    token's last update; r = π_θ/π_old reweighs the tokens π_old sampled), summed over the batch's
+    states; ``flip/entropy_change_state_old/<loss>`` the same under π_old (r ≡ 1, π_old's entropy);
+  - ``flip/entropy_change_pooled/<loss>``: −Cov(log π_old, y) pooled over all response tokens of
+    the batch (``grpo_no_is`` at r ≡ 1 is ``entropy/predicted_change``). Pooling adds a between-state
+    term, −Cov_s(H(s), E[y | s]): where the weight falls (free tokens sit far below log π = 0,
+    forced ones near it) sets its sign, whatever the weight does at any one state;
+
+  and each one's gap, grpo's − aspo's: ``flip/entropy_change_{state,state_old,pooled}_gap``;
 * the ratio's spread: ``flip/abs_log_ratio_{pos,neg}_{p50,p90,p99,max}``, quantiles of |log r| over
   the A > 0 / A < 0 tokens (r the token ratio, clamped as the losses clamp it); and the entropy split:
   ``flip/forced_token_share`` (share of response tokens that are forced), ``flip/entropy_forced`` and
@@ -58,6 +68,8 @@ from aspo_lit.maths.counterfactual import (
     share,
     shipped_losses,
     spearman,
+    state_centred_entropy_change,
+    state_centred_sums,
     token_weights,
 )
 from aspo_lit.maths.losses import PolicyLoss
@@ -88,15 +100,19 @@ class CounterfactualWeights(Diagnostic):
         weights = token_weights(losses, step.logprobs, step.old_logprobs, step.advantages, step.response_mask,
                                 step.entropy)
         forced = mask & (step.entropy < self.forced_entropy)
-        local = torch.cat([flip_change_sums(weights["grpo"], weights["aspo"], mask & (advantages > 0), forced),
-                           entropy_split_sums(step.entropy, mask, forced),
-                           *[covariance_sums(step.old_logprobs, w * advantages, mask) for w in weights.values()]])
-        total = global_sum(local, trainer=trainer)
         log_ratio = losses["grpo"].log_ratio(step.logprobs.float(), step.old_logprobs.float())
+        importance = log_ratio.double().exp()
+        change_sums = [torch.cat([covariance_sums(step.old_logprobs, w * advantages, mask),
+                                  state_centred_sums(step.logprobs, step.updated_entropy, w * advantages, mask, importance),
+                                  state_centred_sums(step.old_logprobs, step.entropy, w * advantages, mask)])
+                       for w in weights.values()]
+        local = torch.cat([flip_change_sums(weights["grpo"], weights["aspo"], mask & (advantages > 0), forced),
+                           entropy_split_sums(step.entropy, mask, forced), *change_sums])
+        total = global_sum(local, trainer=trainer)
         columns = torch.stack([step.old_logprobs, log_ratio, weights["grpo"], weights["aspo"], advantages.sign()], -1)
         tokens = global_cat(columns[mask & (advantages != 0)], trainer=trainer).double()
         return {**weight_change_metrics(total[:6]), **entropy_split_metrics(total[6:10]),
-                **entropy_change_metrics(total[10:].reshape(-1, 4), list(weights)), **token_metrics(tokens)}
+                **entropy_change_metrics(total[10:].reshape(-1, 8), list(weights)), **token_metrics(tokens)}
 
 
 def weight_change_metrics(sums) -> dict[str, Any]:
@@ -112,9 +128,16 @@ def entropy_split_metrics(sums) -> dict[str, Any]:
 
 
 def entropy_change_metrics(sums, names: list[str]) -> dict[str, Any]:
-    change = {name: entropy_change(part) for name, part in zip(names, sums)}
-    return {**{f"flip/entropy_change/{name}": value for name, value in change.items()},
-            "flip/entropy_change_gap": change["grpo"] - change["aspo"]}
+    """Per loss, rows of ``[pooled covariance sums (4), state-centred sums under π_θ (2), under π_old (2)]``."""
+    estimates = {"pooled": [entropy_change(part[:4]) for part in sums],
+                 "state": [state_centred_entropy_change(part[4:6]) for part in sums],
+                 "state_old": [state_centred_entropy_change(part[6:8]) for part in sums]}
+    out = {}
+    for estimator, values in estimates.items():
+        change = dict(zip(names, values))
+        out.update({f"flip/entropy_change_{estimator}/{name}": value for name, value in change.items()})
+        out[f"flip/entropy_change_{estimator}_gap"] = change["grpo"] - change["aspo"]
+    return out
 
 
 def token_metrics(tokens) -> dict[str, Any]:

@@ -10,7 +10,8 @@ Prop. 4.1: each loss's gradient is ``Σ_t w_t·A_t·∇log π_θ(y_t)`` with a d
 Every statistic is float64. Two kinds, by how they combine over ranks:
 
 * sums that add up exactly (:func:`flip_change_sums`, :func:`entropy_split_sums`,
-  :func:`covariance_sums`), and what they give once added (:func:`share`, :func:`entropy_change`);
+  :func:`covariance_sums`, :func:`state_centred_sums`), and what they give once added
+  (:func:`share`, :func:`entropy_change`, :func:`state_centred_entropy_change`);
 * statistics of the whole batch's token population that no sum gives -- population deciles, rank
   correlation, quantiles (:func:`decile_means`, :func:`spearman`, :func:`quantiles`): computed on
   every rank's tokens gathered.
@@ -28,7 +29,8 @@ from torch import Tensor
 from aspo_lit.maths.losses import POLICY_LOSSES, PolicyLoss, effective_token_weight, get_policy_loss
 
 __all__ = ["SHIPPED_LOSSES", "FORCED_ENTROPY", "shipped_losses", "token_weights", "flip_change_sums",
-           "entropy_split_sums", "covariance_sums", "share", "entropy_change", "decile_means",
+           "entropy_split_sums", "covariance_sums", "share", "entropy_change", "state_centred_sums",
+           "state_centred_entropy_change", "first_order_entropy_change", "decile_means",
            "average_ranks", "spearman", "quantiles"]
 
 #: The losses aspo_lit ships (registered in `aspo_lit.maths.losses`), in registration order.
@@ -96,6 +98,50 @@ def entropy_change(sums: Tensor) -> Tensor:
     n, sx, sy, sxy = sums.double().unbind()
     cov = share(sxy, n) - share(sx, n) * share(sy, n)
     return -cov
+
+
+def state_centred_sums(logprobs: Tensor, entropy: Tensor, y: Tensor, mask: Tensor,
+                       importance: Tensor | None = None) -> Tensor:
+    """``[n, Σ ρ·(log π + H)·y]`` over the tokens of ``mask`` (float64, summable over ranks): the
+    state-centred covariance's sums. ``logprobs`` is ``log π(y_t | s_t)`` of the sampled token,
+    ``entropy`` π's entropy at that state, ``y`` the logit change's coefficient (``w·A``) and
+    ``importance`` ρ = π/π_sampler (1 when π is the policy that sampled, i.e. π_old).
+
+    Each token is one state ``s_t`` and one action drawn there. Since ``E_{a∼π}[log π(a|s) + H(s)] = 0``,
+    ``ρ·(log π(y|s) + H(s))·y(s, y)`` is an unbiased estimate of ``Cov_{a∼π(·|s)}(log π(a|s), y(s, a))``,
+    the covariance over the actions *at that state* (Cui et al. 2025, arXiv 2505.22617, Sec. 3):
+    centred at the state's own mean log-prob ``−H(s)``, not at the batch's (:func:`covariance_sums`)."""
+    keep = mask.bool()
+    term = (logprobs.double() + entropy.double()) * y.double()
+    if importance is not None:
+        term = term * importance.double()
+    return torch.stack([keep.sum().double(), _masked_sum(term, keep)])
+
+
+def state_centred_entropy_change(sums: Tensor) -> Tensor:
+    """``−(1/n)·Σ_t Ĉov_t`` from :func:`state_centred_sums` (added over ranks); NaN when n = 0.
+
+    The first-order change of the mean entropy over the batch's states when the logit of every
+    action ``a`` at every state moves by ``η·y(s, a)`` (Cui et al.'s softmax lemma,
+    ``ΔH(s) ≈ −η·Cov_{a∼π(·|s)}(log π(a|s), y(s, a))``; with ``y = w·A`` their natural-policy-gradient
+    step with the loss's weight), in units of η. Unlike :func:`entropy_change` (the batch-pooled
+    covariance) it has no between-state term: pooling adds
+    ``Cov_s(E[log π | s], E[y | s]) = −Cov_s(H(s), E[y | s])``, which is set by which states the
+    weight falls on (low-entropy "forced" states near log π ≈ 0, free ones far below), not by how
+    the weight moves the distribution at any state."""
+    n, total = sums.double().unbind()
+    return -share(total, n)
+
+
+def first_order_entropy_change(logits: Tensor, logit_step: Tensor) -> Tensor:
+    """``−Σ_s Cov_{a∼softmax(z_s)}(log π(a|s), Δz(s, a))`` for full logits ``z`` ``[..., V]`` and a
+    logit change ``Δz`` of the same shape: the exact first-order change of ``Σ_s H(softmax(z_s))``
+    (the softmax identity ``dH = −Cov_π(log π, dz)``), float64. What the estimators above estimate,
+    where every action's logit is known (a tabular policy)."""
+    logp = torch.log_softmax(logits.double(), -1)
+    p, step = logp.exp(), logit_step.double()
+    cov = (p * logp * step).sum(-1) - (p * logp).sum(-1) * (p * step).sum(-1)
+    return -cov.sum()
 
 
 def decile_means(key: Tensor, values: Tensor, deciles: int = 10) -> tuple[Tensor, Tensor]:

@@ -109,8 +109,9 @@ HAND_WEIGHTS = {
 }
 
 
-def hand_step(rows=HAND, advantages=HAND_ADVANTAGES, width=5) -> StepOutput:
-    """`rows` as a StepOutput: log π_old and log π_θ = log(π_old·r) each rounded once to fp32."""
+def hand_step(rows=HAND, advantages=HAND_ADVANTAGES, width=5, entropy_shift=0.0) -> StepOutput:
+    """`rows` as a StepOutput: log π_old and log π_θ = log(π_old·r) each rounded once to fp32; π_θ's
+    entropy is π_old's + ``entropy_shift`` on response tokens."""
     n = len(rows)
     mask, old, lp, entropy = (torch.zeros(n, width, dtype=torch.float64) for _ in range(4))
     for i, row in enumerate(rows):
@@ -119,7 +120,8 @@ def hand_step(rows=HAND, advantages=HAND_ADVANTAGES, width=5) -> StepOutput:
     mask, old, lp, entropy = mask.float(), old.float(), lp.float(), entropy.float()
     advantages = torch.tensor(advantages, dtype=torch.float32)
     return StepOutput(response_mask=mask, old_logprobs=old, entropy=entropy, logprobs=lp, ratio=(lp - old).exp(),
-                      updated_entropy=entropy, token_weight=torch.zeros_like(mask), advantages=advantages,
+                      updated_entropy=entropy + entropy_shift * mask, token_weight=torch.zeros_like(mask),
+                      advantages=advantages,
                       rewards=(advantages > 0).float(), response_lengths=mask.sum(1).long(),
                       truncated=torch.zeros(n, dtype=torch.bool), texts=["x"] * n, stats={})
 
@@ -167,7 +169,7 @@ def cov_tol(x, y, rel: float) -> float:
 
 def test_flip_statistics_of_the_hand_step():
     """Every statistic of the hand step against its value worked out by hand."""
-    out = {k: float(v) for k, v in CounterfactualWeights().compute(None, None, hand_step()).items()}
+    out = {k: float(v) for k, v in CounterfactualWeights().compute(None, None, hand_step(entropy_shift=0.25)).items()}
     g, a = HAND_WEIGHTS["grpo"][0], HAND_WEIGHTS["aspo"][0]
     # Σ|w_grpo - w_aspo| over A > 0 = 0.21/1.1 + 1.5 + 0 + 2.75 + 0, Σ w_grpo = 2.85; forced: token 0,
     # |1.1 - 1/1.1| / 1.1 = 0.21/1.21; free: tokens 1-4, 4.25 / 1.75
@@ -204,12 +206,25 @@ def test_flip_statistics_of_the_hand_step():
     for name, rows in HAND_WEIGHTS.items():
         y = [w * adv for row, adv in zip(rows, HAND_ADVANTAGES) for w in row]
         changes[name] = -np.cov(x, y, bias=True)[0, 1]
-        assert out[f"flip/entropy_change/{name}"] == pytest.approx(changes[name], rel=0, abs=cov_tol(x, y, WEIGHT_REL)), name
+        assert out[f"flip/entropy_change_pooled/{name}"] == pytest.approx(changes[name], rel=0, abs=cov_tol(x, y, WEIGHT_REL)), name
     y_grpo = [w * adv for row, adv in zip(HAND_WEIGHTS["grpo"], HAND_ADVANTAGES) for w in row]
     y_aspo = [w * adv for row, adv in zip(HAND_WEIGHTS["aspo"], HAND_ADVANTAGES) for w in row]
-    assert out["flip/entropy_change_gap"] == pytest.approx(changes["grpo"] - changes["aspo"], rel=0,
+    assert out["flip/entropy_change_pooled_gap"] == pytest.approx(changes["grpo"] - changes["aspo"], rel=0,
                                                            abs=cov_tol(x, y_grpo, WEIGHT_REL) + cov_tol(x, y_aspo, WEIGHT_REL))
-    assert abs(out["flip/entropy_change_gap"]) > 0.1    # the flip changes the predicted entropy change here
+    assert abs(out["flip/entropy_change_pooled_gap"]) > 0.1    # the flip changes the predicted entropy change here
+    # state-centred: −(1/8)·Σ r·(log π_θ + H_θ)·w·A under π_θ (H_θ = H + 0.25), −(1/8)·Σ (log π_old + H)·w·A
+    # under π_old. r·w·A is off by <= 3·WEIGHT_REL relative; log π and H by u·(|log π| + H) + u·|log r|
+    tokens = [(p, r, h, adv) for row, adv in zip(HAND, HAND_ADVANTAGES) for p, r, h in row]
+    for name, rows in HAND_WEIGHTS.items():
+        w = [x for row in rows for x in row]
+        for key, shift, ratio in (("state", 0.25, True), ("state_old", 0.0, False)):
+            scale = [(r if ratio else 1.0) * wt * abs(adv) for (p, r, h, adv), wt in zip(tokens, w)]
+            centred = [math.log(p * r if ratio else p) + h + shift for p, r, h, _ in tokens]
+            terms = [c * x * (1 if adv > 0 else -1) for c, x, (*_, adv) in zip(scale, centred, tokens)]
+            tol = sum(c * (3 * WEIGHT_REL * abs(x) + 2 * U * (abs(x) + 4) + LOG_RATIO_ABS)
+                      for c, x in zip(scale, centred)) / 8
+            assert out[f"flip/entropy_change_{key}/{name}"] == pytest.approx(-sum(terms) / 8, rel=0, abs=tol), (key, name)
+    assert out["flip/entropy_change_state_gap"] != pytest.approx(out["flip/entropy_change_state_old_gap"], abs=0.01)
 
 
 # --------------------------------------------------------------------------- on-policy: r ≡ 1
@@ -243,8 +258,9 @@ def test_on_policy_every_loss_weighs_every_token_one():
     assert 0 < int(forced.sum()) < int(((step.response_mask > 0) & (step.advantages > 0)[:, None]).sum())
     assert float(out["flip/weight_change"]) == 0.0
     assert float(out["flip/weight_change_forced"]) == 0.0 and float(out["flip/weight_change_free"]) == 0.0
-    assert float(out["flip/entropy_change_gap"]) == 0.0
-    changes = {float(out[f"flip/entropy_change/{name}"]) for name in SHIPPED_LOSSES}
+    assert float(out["flip/entropy_change_pooled_gap"]) == 0.0
+    assert float(out["flip/entropy_change_state_gap"]) == float(out["flip/entropy_change_state_old_gap"]) == 0.0
+    changes = {float(out[f"flip/entropy_change_pooled/{name}"]) for name in SHIPPED_LOSSES}
     assert len(changes) == 1                         # the same sums: bit for bit
     predicted = float(EntropyMechanism().compute(None, None, step)["entropy/predicted_change"])
     assert abs(predicted) > 0.05
@@ -261,10 +277,11 @@ def test_a_batch_without_gradient_logs_nan():
     correlation and quantile is undefined (NaN), not 0, and nothing raises."""
     step = hand_step(advantages=(0.0, 0.0))
     out = CounterfactualWeights().compute(None, None, step)
-    assert len(out) == 54
+    assert len(out) == 70
     undefined = [k for k in out if not k.startswith(("flip/entropy_change", "flip/forced_token_share", "flip/entropy_f"))]
     assert all(math.isnan(out[k]) for k in undefined), [k for k in undefined if not math.isnan(out[k])]
-    assert all(float(out[f"flip/entropy_change/{name}"]) == 0.0 for name in SHIPPED_LOSSES)   # w·A ≡ 0
+    assert all(float(out[f"flip/entropy_change_{key}/{name}"]) == 0.0              # w·A ≡ 0
+               for name in SHIPPED_LOSSES for key in ("pooled", "state", "state_old"))
     assert float(out["flip/forced_token_share"]) == 0.25
 
 
@@ -294,7 +311,7 @@ def test_logged_through_a_trainer(tmp_path):
     """Every metric reaches the logger, once per rollout batch, as the callback computed it."""
     logged = last_logged(fit(tmp_path, [CounterfactualWeights()], module=HandStepModule()).log_dir)
     direct = CounterfactualWeights().compute(None, None, hand_step())
-    assert len(direct) == 54
+    assert len(direct) == 70
     for name, value in direct.items():
         if math.isnan(value):
             assert math.isnan(logged[name]), name
