@@ -21,7 +21,7 @@ export ASPO_DATA_DIR ?= $(abspath ../shared/data)
 endif
 space := $(subst ,, )
 
-.PHONY: setup test test-fast test-numerics test-all lint format demo demo-seeds testbed gpu-check rehearse faults reproduce-table1 figure2 study study-quick study-short study-v2 study-mechanism study-staleness study-bands bench clean help
+.PHONY: setup test test-fast test-numerics test-all lint format demo demo-seeds testbed gpu-check rehearse faults reproduce-table1 figure2 study study-quick study-short study-v2 study-mechanism study-staleness study-dose study-bands bench clean help
 .PHONY: testbed-code tiny-code reproduce-table2 bench-code reproduce-table3
 
 help:
@@ -171,6 +171,13 @@ study-bands: $(STAMP)
 	ATEN_CPU_CAPABILITY=avx2 $(DEMO_SEEDS) --seeds $$(seq -s ' ' 160 169) --out $(BANDS_RUNS)/heldout2/aten_avx2
 	$(PY) -m experiments.sensitivity --out $(BANDS_RUNS)/sensitivity
 	$(PY) -m experiments.bands --runs $(BANDS_RUNS)
+
+# The dose-response study (docs/studies/dose-protocol.md): GRPO, ASPO and GRPO w/o IS on a tabular policy,
+# 50 paired seeds at 6 doses of PPO epochs x lr, then the report docs/studies/dose-study.md (~20 min on 2 cores;
+# resumable: a finished dose and arm is not run again).
+study-dose: $(STAMP)
+	$(PY) -m experiments.dose_study --out runs/study_dose
+	$(PY) -m experiments.dose_analysis --runs runs/study_dose --out docs/studies/dose-study.md
 
 study-mechanism: $(STAMP)
 	$(PY) -m aspo_lit study --config conf/study/mechanism.yaml
