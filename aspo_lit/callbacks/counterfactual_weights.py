@@ -52,6 +52,7 @@ value is the one a single process would log on the same batch.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -84,15 +85,36 @@ class CounterfactualWeights(Diagnostic):
 
     Args:
         forced_entropy: π_old entropy (nats) below which a token counts as forced.
+        split_first_minibatch: also log every ``flip/<name>`` over the responses of the rollout
+            batch's first optimizer step alone, as ``flip/first_minibatch/<name>``, and over the
+            others, as ``flip/later_minibatches/<name>`` (`StepOutput.first_minibatch`). With one
+            PPO epoch the first mini-batch's forward runs before any step, so only numerics move
+            its r: the floor the later mini-batches' values are read against.
     """
 
-    def __init__(self, forced_entropy: float = FORCED_ENTROPY, prog_bar: tuple[str, ...] = ()) -> None:
+    def __init__(self, forced_entropy: float = FORCED_ENTROPY, split_first_minibatch: bool = False,
+                 prog_bar: tuple[str, ...] = ()) -> None:
         super().__init__(prog_bar)
         if not forced_entropy > 0:
             raise ValueError(f"forced_entropy must be > 0 nats, got {forced_entropy}")
         self.forced_entropy = float(forced_entropy)
+        self.split_first_minibatch = bool(split_first_minibatch)
 
     def compute(self, trainer, pl_module, step) -> dict[str, Any]:
+        out = self.flip_metrics(trainer, pl_module, step)
+        if self.split_first_minibatch:
+            if step.first_minibatch is None:
+                raise ValueError("CounterfactualWeights(split_first_minibatch=True) needs StepOutput.first_minibatch, "
+                                 "which this step does not carry")
+            first = step.first_minibatch.to(step.response_mask.device)[:, None]
+            for name, rows in (("first_minibatch", first), ("later_minibatches", ~first)):
+                part = dataclasses.replace(step, response_mask=step.response_mask * rows, stats={})
+                out.update({key.replace("flip/", f"flip/{name}/", 1): value
+                            for key, value in self.flip_metrics(trainer, pl_module, part).items()})
+        return out
+
+    def flip_metrics(self, trainer, pl_module, step) -> dict[str, Any]:
+        """Every ``flip/*`` value over the response tokens of ``step.response_mask``."""
         run_loss = getattr(pl_module, "loss_fn", None)
         losses = shipped_losses(run_loss.hparams() if isinstance(run_loss, PolicyLoss) else None)
         mask = step.response_mask > 0

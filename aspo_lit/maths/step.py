@@ -50,6 +50,9 @@ class StepOutput(Mapping):
     Per response ``[N]``:
         advantages: the group advantage of eq. 1 (before any truncated-IS weight).
         rewards, response_lengths (tokens), truncated (bool: cut at the length limit).
+    first_minibatch: ``[N]`` bool, the responses whose last update was the rollout batch's first
+        optimizer step, whose forward ran before any step (r = 1 up to numerics): the first
+        mini-batch when ``ppo_epochs`` = 1, no response otherwise. None where not known.
     texts: the decoded responses (``N`` strings).
     stats: every scalar of the step under the name it is logged as, each a `Stat` that carries its
         own weight and reduction: the loss's statistics (clip shares, ratio means, a user loss's
@@ -71,6 +74,7 @@ class StepOutput(Mapping):
     truncated: Tensor
     texts: list[str]
     stats: dict[str, Stat] = field(default_factory=dict)
+    first_minibatch: Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.response_mask.shape)
@@ -80,8 +84,8 @@ class StepOutput(Mapping):
             if tuple(getattr(self, name).shape) != shape:
                 raise ValueError(f"StepOutput.{name} has shape {tuple(getattr(self, name).shape)}; "
                                  f"response_mask has {shape}")
-        for name in ("advantages", "rewards", "response_lengths", "truncated"):
-            if tuple(getattr(self, name).shape) != shape[:1]:
+        for name in ("advantages", "rewards", "response_lengths", "truncated", "first_minibatch"):
+            if getattr(self, name) is not None and tuple(getattr(self, name).shape) != shape[:1]:
                 raise ValueError(f"StepOutput.{name} has shape {tuple(getattr(self, name).shape)}; "
                                  f"it must be [N] = [{shape[0]}]")
         if len(self.texts) != shape[0]:

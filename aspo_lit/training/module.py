@@ -456,7 +456,10 @@ class ASPOModule(ReferenceHolder, LightningModule):
         if self.grad_scaler is not None:  # the scale the next rollout batch starts from (a checkpoint's)
             counts["train/grad_scale"] = Stat.max(self.grad_scaler.get_scale())
         timings = {"timing/old_logprob_s": t_old, "timing/update_s": t_update}
-        return self._step_output(batch, pre, record, counts, timings)
+        first = torch.zeros(batch.input_ids.shape[0], dtype=torch.bool)
+        if self.hparams.ppo_epochs == 1:         # else every response's last update follows a step
+            first[minibatches[0].cpu()] = True
+        return self._step_output(batch, pre, record, counts, timings, first)
 
     def _loss_advantages(self, batch: RolloutBatch, old_logprobs: Tensor, rows: Tensor) -> Tensor:
         """The advantages the loss sees for ``rows``: ``[n]``, or ``[n, T]`` with each token's
@@ -530,7 +533,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
         record.skipped_steps += int(not stepped)
 
     def _step_output(self, batch: RolloutBatch, pre: PreUpdate, record: UpdateRecord,
-                     counts: dict[str, Stat], timings: dict[str, float]) -> StepOutput:
+                     counts: dict[str, Stat], timings: dict[str, float], first_minibatch: Tensor) -> StepOutput:
         mask = batch.response_mask.float()
         old_logprobs, entropy = pre.old_logprobs, pre.entropy
         stats = {**record.stats.result(), **counts}
@@ -551,6 +554,7 @@ class ASPOModule(ReferenceHolder, LightningModule):
             truncated=torch.tensor([r == "length" for r in batch.finish_reasons], dtype=torch.bool),
             texts=list(batch.texts),
             stats=dict(sorted(stats.items())),  # one order on every rank
+            first_minibatch=first_minibatch.to(mask.device),
         )
 
     def _micro_batch_loss(self, logprobs, old_logprobs, ref_logprobs, advantages, mask, entropy, normalizer):

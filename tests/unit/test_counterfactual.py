@@ -5,6 +5,7 @@ and two ranks giving what one process gives."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -299,6 +300,26 @@ def test_counterfactual_losses_use_the_run_loss_arguments():
     assert float(default["flip/w_aspo_decile05"]) == pytest.approx(3.0, rel=WEIGHT_REL, abs=0)
     with pytest.raises(ValueError, match="forced_entropy must be > 0"):
         CounterfactualWeights(forced_entropy=0.0)
+
+
+def test_split_by_first_minibatch_is_each_part_alone():
+    """``split_first_minibatch``: every flip/* value over row 0 (the first mini-batch) and over row 1
+    is what the callback computes on a step of that row alone; the whole-batch values are unchanged."""
+    step = dataclasses.replace(hand_step(entropy_shift=0.25), first_minibatch=torch.tensor([True, False]))
+    out = CounterfactualWeights(split_first_minibatch=True).compute(None, None, step)
+    whole = CounterfactualWeights().compute(None, None, step)
+    assert len(out) == 3 * len(whole)
+    for name, index in (("first_minibatch", 0), ("later_minibatches", 1)):
+        alone = CounterfactualWeights().compute(None, None, hand_step(rows=HAND[index:index + 1],
+                                                                      advantages=HAND_ADVANTAGES[index:index + 1],
+                                                                      entropy_shift=0.25))
+        for key, value in alone.items():
+            got = float(out[key.replace("flip/", f"flip/{name}/", 1)])
+            assert got == pytest.approx(float(value), rel=1e-6, abs=1e-12, nan_ok=True), (name, key)
+    assert all(float(out[k]) == pytest.approx(float(v), rel=0, abs=0, nan_ok=True) for k, v in whole.items())
+    assert out["flip/first_minibatch/weight_change"] != pytest.approx(out["flip/later_minibatches/weight_change"])
+    with pytest.raises(ValueError, match="needs StepOutput.first_minibatch"):
+        CounterfactualWeights(split_first_minibatch=True).compute(None, None, hand_step())
 
 
 class HandStepModule(DummyModule):

@@ -41,6 +41,9 @@ def test_training_step_returns_the_typed_step(tiny_model_dir, tmp_path):
     assert torch.equal(step.ratio, log_ratio.clamp(-clamp, clamp).exp())  # the loss's own ops on its values: exact
     moved = step.response_mask.bool() & (log_ratio.abs() > 1e-6)
     assert 0 < moved.sum() < step.response_mask.sum()           # the first mini-batch's tokens did not move
+    # one epoch: the first mini-batch is the first step's rows, and only they are unmoved
+    assert int(step.first_minibatch.sum()) == step.response_mask.shape[0] // 2
+    assert not moved[step.first_minibatch].any() and moved[~step.first_minibatch].any(1).all()
     assert not torch.equal(step.updated_entropy[moved], step.entropy[moved])
 
     declared = set(module.stat_reductions)
@@ -58,7 +61,10 @@ def test_step_output_enforces_its_shapes():
                   updated_entropy=mask, token_weight=mask, advantages=torch.ones(2), rewards=torch.ones(2),
                   response_lengths=torch.ones(2), truncated=torch.zeros(2, dtype=torch.bool), texts=["a", "b"])
     step = StepOutput(**fields, stats={"x": Stat.mean(1.0)})
-    assert type(step.copy()) is StepOutput and list(step) == list(fields) + ["stats"]
+    assert type(step.copy()) is StepOutput and list(step) == list(fields) + ["stats", "first_minibatch"]
+    assert step.first_minibatch is None
+    with pytest.raises(ValueError, match=r"StepOutput.first_minibatch.*\[N\] = \[2\]"):
+        StepOutput(**fields, first_minibatch=torch.zeros(3, dtype=torch.bool))
     with pytest.raises(ValueError, match="StepOutput.ratio"):
         StepOutput(**{**fields, "ratio": torch.ones(2, 4)})
     with pytest.raises(ValueError, match=r"StepOutput.rewards.*\[N\] = \[2\]"):
