@@ -24,7 +24,7 @@ Readings, where the protocol leaves room (chosen before any run):
   says so.
 * **Which arms.** "At every lr" (P4, P5, P7, P8) and the unqualified P6 mean the three GRPO arms;
   arm 4 (ASPO) enters P1 (an identity, so every batch of every arm), P11 and the projection at lr
-  1e-4. P7's first clause holds at every lr, for every logged ``flip/entropy_change/<loss>``; its
+  1e-4. P7's first clause holds at every lr, for every logged ``flip/entropy_change_pooled/<loss>``; its
   second at 5e-5 only: |mean Δ_L − mean Δ_grpo| ≤ 0.15·|mean Δ_grpo|.
 * **P1** is applied as written, without a slack: the bound exceeds δ except when all A > 0 weight
   sits at the largest |log r|; the report prints the largest δ − bound, so a rounding-size miss is
@@ -48,6 +48,19 @@ Readings, where the protocol leaves room (chosen before any run):
 * **Learns**: mean ``train/reward_mean`` of the last 5 batches above the first 5, and no logged
   ``health/status`` equal to 2.
 * **n(P)** = 5·(0.028/P)², shown rounded up. "The lower lr on a tie": equal P, exactly.
+
+Added on 2026-12-07, after the runs (the rules above are unchanged):
+
+* **Names.** The protocol's Δ_L is the *pooled* first-order estimator, −Cov(log π_old, w_L·A) over
+  every response token of the batch, logged as ``flip/entropy_change_pooled/<loss>`` and
+  ``flip/entropy_change_pooled_gap`` (before 2026-12-07: ``flip/entropy_change/<loss>`` and
+  ``flip/entropy_change_gap``). It is not Cui et al.'s covariance over the actions at one state; the
+  report says so wherever it uses it.
+* **An undefined ρ.** A "near" reached only through undefined ρ (no finite P ≥ 0.014) is printed
+  as "indeterminate (ρ undefined)": the protocol's rule permits the follow-up, but no projected gap
+  supports it (``Decision.defined``, ``Decision.label``).
+* **The reading.** The report ends with a post-hoc reading, labelled so, computed from the same
+  runs (:func:`reading_lines`).
 """
 
 from __future__ import annotations
@@ -68,7 +81,7 @@ from experiments.runner import run_name
 
 __all__ = ["Arm", "ARMS", "Run", "Projection", "Outcome", "Decision", "Analysis", "load_run", "lag1_autocorrelation",
            "mean_se", "projection", "projected_decline", "eta_hat", "learns", "seeds_needed", "predictions",
-           "decide", "analyse", "write_report", "main"]
+           "decide", "analyse", "reading_lines", "write_report", "main"]
 
 # --- the protocol's fixed numbers (docs/studies/mechanism-protocol.md)
 SEED = 5
@@ -84,7 +97,9 @@ NEAR = 0.014                 # nats: half of DETECTABLE
 AUTOCORRELATION_CLIP = (0.0, 0.9)
 PAIRS = ("aspo", "grpo_no_is", "grpo_pos_mean")   # claims 1, 2, 4; 5; 6
 LABELS = {"grpo": "GRPO", "aspo": "ASPO", "grpo_no_is": "GRPO w/o IS", "grpo_pos_mean": "GRPO w/ Pos. Resp. IS Mean"}
-CHANGE = "flip/entropy_change/"
+CHANGE = "flip/entropy_change_pooled/"      # Δ_L: the pooled first-order estimator, per loss
+GAP = "flip/entropy_change_pooled_gap"       # Δ_grpo − Δ_aspo, pooled
+V2_ENTROPY_GAP = (-0.0007, 0.0099)           # study v2: ASPO − GRPO final entropy and its SE, nats
 QUANTILES = ("p50", "p90", "p99", "max")
 
 
@@ -157,7 +172,7 @@ class Run:
         return math.ceil(of_20 * self.batches / BATCHES)
 
     def changes(self) -> list[str]:
-        """The losses whose first-order entropy change the run logged."""
+        """The losses whose pooled first-order entropy change the run logged."""
         return sorted(c[len(CHANGE):] for c in self.table.columns if c.startswith(CHANGE))
 
 
@@ -323,8 +338,8 @@ def negative_spearman(run: Run) -> tuple[bool, str]:
 
 
 def positive_gap(run: Run) -> tuple[bool, str]:
-    mean = run.mean("flip/entropy_change_gap")
-    above = run.count("flip/entropy_change_gap", lambda v: v > 0)
+    mean = run.mean(GAP)
+    above = run.count(GAP, lambda v: v > 0)
     return mean > 0 and above >= run.needed(14), f"mean {fmt(mean)}, {above}/{run.batches} > 0"
 
 
@@ -366,15 +381,15 @@ def p7(runs: Mapping[int, Run]) -> Outcome:
     reference = first.mean(CHANGE + "grpo")
     spread = max(abs(first.mean(CHANGE + loss) - reference) for loss in first.changes()) / abs(reference)
     ok &= spread <= 0.15
-    return Outcome("P7", "every loss's first-order change is a decline of about the same size",
+    return Outcome("P7", "every loss's first-order change (pooled estimator) is a decline of about the same size",
                    "Δ_L < 0 in ≥ 15 of 20 batches for every loss; at lr 5e-5 every loss's mean within 15 % of Δ_grpo's",
                    "; ".join(parts) + f"; at 5e-5 the farthest mean is {100 * spread:.3g} % from Δ_grpo's", ok)
 
 
 def p8(runs: Mapping[int, Run]) -> Outcome:
     ok, text = per_lr(runs, positive_gap)
-    return Outcome("P8", "to first order GRPO's weights lower the entropy *less* than ASPO's",
-                   "mean `entropy_change_gap` > 0 and ≥ 14 of 20 batches > 0, at every lr", text, ok)
+    return Outcome("P8", "to first order (pooled estimator) GRPO's weights lower the entropy *less* than ASPO's",
+                   "mean `entropy_change_pooled_gap` > 0 and ≥ 14 of 20 batches > 0, at every lr", text, ok)
 
 
 def p9(rho: Mapping[int, Projection]) -> Outcome:
@@ -419,6 +434,12 @@ class Decision:
     at: tuple[float, str]              # (lr, pair) of P_max
     follow_up: tuple[float, str] | None
     seeds: float                       # n(P_max), or n(P) of the follow-up
+    defined: bool = True               # False: "near" only through an undefined ρ (no finite P ≥ NEAR)
+
+    @property
+    def label(self) -> str:
+        """The decision as the report prints it: a "near" that rests only on an undefined ρ is indeterminate."""
+        return self.band if self.defined else "indeterminate (ρ undefined)"
 
 
 def decide(p_by_lr: Mapping[tuple[float, str], float], learning: Mapping[float, bool]) -> Decision:
@@ -428,7 +449,8 @@ def decide(p_by_lr: Mapping[tuple[float, str], float], learning: Mapping[float, 
     near = {k: p for k, p in p_by_lr.items() if p >= NEAR and learning[k[0]]}
     if near:
         follow = max(near, key=lambda k: (near[k], -k[0]))
-        return Decision("near", p_max, at, follow, seeds_needed(near[follow]))
+        return Decision("near", p_max, at, follow, seeds_needed(near[follow]),
+                        defined=any(math.isfinite(p) for p in near.values()))
     return Decision("far below" if p_max < FAR else "between", p_max, at, None, seeds_needed(p_max))
 
 
@@ -545,7 +567,7 @@ def quantities_table(analysis: Analysis) -> list[str]:
         "flip/weight_change", "flip/weight_change_forced", "flip/weight_change_free", "flip/forced_weight_share",
         "flip/forced_token_share", "flip/entropy_forced", "flip/entropy_free",
         *[f"flip/abs_log_ratio_{s}_{q}" for s in ("pos", "neg") for q in QUANTILES],
-        *[CHANGE + loss for loss in ("grpo", *PAIRS)], "flip/entropy_change_gap", "entropy/measured_change",
+        *[CHANGE + loss for loss in ("grpo", *PAIRS)], GAP, "entropy/measured_change",
         "train/entropy")]
     rows.append(["`flip/spearman_pi_old_ratio` (median)",
                  *[fmt(float(np.median(run.values("flip/spearman_pi_old_ratio")))) for run in runs]])
@@ -570,22 +592,165 @@ def seeds(p: float) -> str:
     return str(math.ceil(n)) if math.isfinite(n) else "—"
 
 
+def nats(p: float) -> str:
+    """P in nats, or "undefined (ρ undefined)": an undefined ρ is not a number of nats."""
+    return f"{fmt(p)} nats" if math.isfinite(p) else "undefined (ρ undefined)"
+
+
+def _span(xs: Sequence[float], scale: float = 1.0) -> str:
+    """``min to max`` of ``xs`` × ``scale``, 2 significant digits (one value when they round alike)."""
+    low, high = f"{min(xs) * scale:.2g}", f"{max(xs) * scale:.2g}"
+    return low if low == high else f"{low} to {high}"
+
+
+STATE_GAPS = (("flip/entropy_change_state_gap", "under π_θ"), ("flip/entropy_change_state_old_gap", "under π_old"))
+
+
+def state_centred_reading(analysis: Analysis) -> str:
+    """P8 re-read with the state-centred estimator (docs/metrics.md, "Two first-order estimators"):
+    the same rule (mean gap > 0 and >= 14 of 20 batches > 0 at every lr) on the state-centred gap,
+    under π_θ and under π_old; runs logged before the estimator existed say so."""
+    runs = analysis.runs
+    grpo = [runs[arm.number] for arm in GRPO_ARMS]
+    aspo = runs[ASPO_ARM.number]
+    if any(key not in run.table.columns for run in (*grpo, aspo) for key, _ in STATE_GAPS):
+        return ("The state-centred estimator (`flip/entropy_change_state_gap`) is not in these runs' logs (they "
+                "predate it), so P8 cannot be re-read with it here: re-run `make study-mechanism`.")
+    parts = []
+    for key, under in STATE_GAPS:
+        means = ", ".join(f"{run.mean(key):+.2g} ({run.count(key, lambda v: v > 0)}/{run.batches} > 0)" for run in grpo)
+        holds = all(run.mean(key) > 0 and run.count(key, lambda v: v > 0) >= run.needed(14) for run in grpo)
+        parts.append(f"{under}: mean per batch (batches > 0) {means} at lr {', '.join(TAG[lr] for lr in LRS)}, "
+                     f"and {aspo.mean(key):+.2g} ({aspo.count(key, lambda v: v > 0)}/{aspo.batches} > 0) on ASPO's "
+                     f"trajectory: P8's rule {'holds' if holds else 'does not hold'}")
+    return ("**P8 re-read with the state-centred estimator** (`flip/entropy_change_state_gap`: the covariance of "
+            "log π and w·A over the actions at each state, summed over the batch's states; docs/metrics.md, \"Two "
+            "first-order estimators\"). " + "; ".join(parts) + ". Where the state-centred and the pooled gap disagree, "
+            "the difference is the pooled estimator's between-state term.")
+
+
+def reading_lines(analysis: Analysis) -> list[str]:
+    """The post-hoc reading (added 2026-12-07, after the runs; not part of the pre-registered analysis)."""
+    runs, d = analysis.runs, analysis.decision
+    grpo = [runs[arm.number] for arm in GRPO_ARMS]
+    every = [runs[arm.number] for arm in ARMS]
+    aspo = runs[ASPO_ARM.number]
+    rho = {p.arm.number: p for p in analysis.projections if p.pair == "aspo"}
+    outcome = {o.id: o.confirmed for o in analysis.outcomes}
+    tags = ", ".join(TAG[lr] for lr in LRS)
+    bullets = []
+    undefined = [arm for arm in GRPO_ARMS if not rho[arm.number].defined]
+    if undefined:
+        where = "every lr" if len(undefined) == len(GRPO_ARMS) else "lr " + ", ".join(arm.tag for arm in undefined)
+        negative = [arm.tag for arm in GRPO_ARMS if analysis.eta[arm.number] < 0]
+        bullets.append(
+            f"**What the decision rests on.** ρ is undefined at {where} because GRPO's own pooled first-order change, "
+            "mean_b Δ_grpo,b, is within 2 SE of 0 there ("
+            + ", ".join(f"{run.mean(CHANGE + 'grpo'):+.2g}" for run in grpo) + f" per batch at lr {tags}). The "
+            "protocol counts an undefined ρ as \"near\" (no basis to close); that is not evidence of a large projected "
+            "gap, and " + ("the decision above is printed as \"indeterminate (ρ undefined)\"" if not d.defined
+                           else "the decision above is read with that in mind")
+            + ": the pooled first-order formula does not resolve GRPO's per-batch entropy change there. "
+            f"P10 says the same (η̂ = {', '.join(f'{analysis.eta[arm.number]:.2g}' for arm in GRPO_ARMS)}"
+            + (f"; the measured per-batch change and the first-order one do not share a sign at lr {', '.join(negative)}"
+               if negative else "") + ").")
+    deltas = [run.mean("flip/weight_change") for run in grpo]
+    free_tokens = [1 - run.mean("flip/forced_token_share") for run in grpo]
+    on_free = [(1 - run.mean("flip/forced_weight_share")) * run.mean("flip/weight_change_free") / run.mean("flip/weight_change")
+               for run in grpo]
+    spearman = [float(np.median(run.values("flip/spearman_pi_old_ratio"))) for run in grpo]
+    bullets.append(
+        "**What the flip changes, where it is defined.** On the A > 0 tokens the flip moves "
+        + ", ".join(f"{100 * x:.2g} %" for x in deltas) + f" of GRPO's weight at lr {tags} (P2, P3), "
+        f"{_span(on_free, 100)} % of that change on the {_span(free_tokens, 100)} % of tokens that are free (P4); "
+        + ("r tends to be higher on the less likely A > 0 tokens" if all(x < 0 for x in spearman)
+           else "r is not consistently higher on the less likely A > 0 tokens")
+        + f" (P5: Spearman(π_old, r) batch medians {_span(spearman)}, a weak rank correlation"
+        + ("" if outcome["P5"] else "; P5 not confirmed") + ")"
+        + ("; the weight GRPO adds over ASPO sits in the lowest π_old decile (P6, figure)." if outcome["P6"] else "."))
+    positive = sum(run.count(GAP, lambda v: v > 0) for run in grpo)
+    batches = sum(run.batches for run in grpo)
+    free_entropy = [run.mean("flip/entropy_free") / (1 - run.mean("flip/forced_token_share")) for run in every]
+    forced_entropy = [run.mean("flip/entropy_forced") / run.mean("flip/forced_token_share") for run in every]
+    free_change = [run.mean("flip/weight_change_free") for run in every]
+    tracks = [run.mean(GAP) / change for run, change in zip(every, free_change)]
+    bullets.append(
+        "**The pooled first-order gap says nothing about ASPO's per-state effect.** `" + GAP + "` (GRPO − ASPO) is "
+        f"positive in {positive} of {batches} GRPO batches and in {aspo.count(GAP, lambda v: v > 0)} of {aspo.batches} "
+        "on ASPO's own trajectory (P8, P11). The estimator, −Cov(log π_old, w·A), is pooled over every response token "
+        "of the batch; Cui et al.'s result (arXiv 2505.22617) is a covariance over the actions at one state. Pooled, "
+        f"it mixes states: the free tokens' mean π_old entropy is {_span(free_entropy)} nats and the forced tokens' "
+        f"{_span(forced_entropy)} (`entropy_free`, `entropy_forced` over their token shares), so the sampled free "
+        f"tokens' log π_old averages about −{np.mean(free_entropy):.2g} and the forced tokens' about "
+        f"−{np.mean(forced_entropy):.1g}. Wherever r > 1 on average on the free A > 0 tokens, GRPO's weight r exceeds "
+        "ASPO's 1/r there, and that between-state offset alone makes the pooled gap positive. The gap moves with the "
+        "free tokens' weight change: gap / `weight_change_free` = " + ", ".join(f"{x:.2g}" for x in tracks)
+        + f" in arms 1-4, while `weight_change_free` itself spans {_span(free_change)}. "
+        + ("So P8's outcome (\"to first order ASPO's weights lower the entropy more\", the protocol's \"opposite to "
+           "claim 1's direction\") comes from the estimator, which the offset is enough to produce, not from an effect "
+           "of ASPO shown here: the" if 2 * positive > batches else "The")
+        + " pooled gap's sign says nothing about ASPO's per-state effect on the entropy.")
+    bullets.append(state_centred_reading(analysis))
+    steps = [analysis.eta[arm.number] for arm in GRPO_ARMS if analysis.eta[arm.number] > 0]
+    if steps:
+        eta = float(np.mean(steps))
+        gaps = [run.mean(GAP) for run in every]
+        low, high = HORIZON * eta * min(gaps), HORIZON * eta * max(gaps)
+        v2, v2_se = V2_ENTROPY_GAP
+        far = min(abs(low), abs(high)) > 2 * v2_se
+        bullets.append(
+            f"**The pooled projection.** Taken with η̂ ≈ {eta:.2g} where it is positive, the per-batch pooled gap "
+            f"({_span(gaps)}) would add up to {low:.2g} to {high:.2g} nats over {HORIZON} batches, against what v2 measured "
+            f"(ASPO − GRPO final entropy {v2:+.1g} ± {v2_se:.2g} nats)"
+            + (": the pooled first-order projection does not describe these runs." if far else "."))
+    bullets.append(
+        "**What the CPU study can say.** Study v2's inconclusive entropy verdicts cannot be read against a "
+        f"first-order prediction: the flip's weight change is {_span(deltas, 100)} % of the update on the A > 0 "
+        "tokens" + (", and the pooled first-order formula does not resolve GRPO's own per-batch entropy change here."
+                    if undefined else ".")
+        + (f" The follow-up the rule permits (a paired GRPO/{LABELS[d.follow_up[1]]} comparison at lr "
+           f"{TAG[d.follow_up[0]]}, outlined in docs/studies/mechanism-protocol.md) would test the final entropies "
+           "directly" + (", with n(P) unknown for want of a defined ρ" if not d.defined else "")
+           + "; it is not run in this check." if d.follow_up else ""))
+    lines = ["## Reading (post hoc: not part of the pre-registered analysis)", "",
+             "Written after the runs, and labelled so; the decision above is the protocol's rule (printed as "
+             "\"indeterminate\" where it rests only on an undefined ρ).", ""]
+    for bullet in bullets:
+        lines += [f"- {bullet}", ""]
+    return lines
+
+
 def decision_paragraph(analysis: Analysis) -> str:
     d = analysis.decision
     largest = {lr: max(analysis.p_by_lr[(lr, pair)] for pair in PAIRS) for lr in LRS}
-    per_lr_text = ", ".join(f"{fmt(p)} nats at lr {TAG[lr]}" for lr, p in largest.items())
-    lead = (f"Projected over a v2-length run of {HORIZON} rollout batches, P = (|ρ| + 2·SE)·D reaches {per_lr_text} "
-            f"(the largest pair at each lr; at lr 1e-4 the larger of arms 2 and 4). P_max = {fmt(d.p_max)} nats "
-            f"({LABELS[d.at[1]]} against GRPO at lr {TAG[d.at[0]]}), against the 0.028 nats study v2 could detect.")
+    per_lr_text = ", ".join(f"{nats(p)} at lr {TAG[lr]}" for lr, p in largest.items())
+    where = f"{LABELS[d.at[1]]} against GRPO at lr {TAG[d.at[0]]}"
+    lead = (f"Projected over a v2-length run of {HORIZON} rollout batches, P = (|ρ| + 2·SE)·D, with ρ from the pooled "
+            f"first-order estimator, is {per_lr_text} (the largest pair at each lr; at lr 1e-4 the larger of arms 2 "
+            "and 4). " + (f"P_max = {fmt(d.p_max)} nats ({where})" if math.isfinite(d.p_max)
+                          else f"P_max is undefined (ρ undefined for {where})")
+            + ", against the 0.028 nats study v2 could detect.")
     n = math.ceil(d.seeds) if math.isfinite(d.seeds) else None
+    if d.band == "near" and not d.defined:
+        lr, pair = d.follow_up
+        return (f"{lead} **Decision: indeterminate (ρ undefined).** No defined P reaches {NEAR} nats. The protocol's "
+                f"rule counts an undefined ρ as \"near\" (no basis to close), which permits a paired follow-up at lr "
+                f"{TAG[lr]}, whose GRPO run learns (GRPO against {LABELS[pair]}, at least 5 seeds per arm: n(P) is "
+                "undefined with ρ); no projected gap supports one. Its protocol would be written and committed before "
+                "its first run; it is not run with this check.")
     if d.band == "near":
         lr, pair = d.follow_up
         size = (f"n = max(5, ⌈n(P)⌉) = {max(V2_SEEDS, n)}" if n is not None
                 else "n(P) undefined with ρ, so at least 5")
-        return (f"{lead} **Decision: near.** P = {fmt(analysis.p_by_lr[d.follow_up])} nats ≥ {NEAR} for "
-                f"{LABELS[pair]} at lr {TAG[lr]}, whose GRPO run learns: a paired follow-up at lr {TAG[lr]} (GRPO against "
-                f"{LABELS[pair]}, {size} seeds per arm) is justified; its protocol is written and committed before "
-                f"its first run, and it is not run with this check.")
+        finite = {k: p for k, p in analysis.p_by_lr.items()
+                  if math.isfinite(p) and p >= NEAR and analysis.learning[k[0]][0]}
+        shown = max(finite, key=lambda k: (finite[k], -k[0]))   # a defined P ≥ NEAR (d.defined)
+        also = ("" if shown == d.follow_up else
+                f" (the rule's follow-up lr, the largest P, is {TAG[lr]}, where ρ is undefined for {LABELS[pair]})")
+        return (f"{lead} **Decision: near.** P = {fmt(finite[shown])} nats ≥ {NEAR} for "
+                f"{LABELS[shown[1]]} at lr {TAG[shown[0]]}, whose GRPO run learns{also}: a paired follow-up at lr "
+                f"{TAG[lr]} (GRPO against {LABELS[pair]}, {size} seeds per arm) is justified; its protocol is written "
+                f"and committed before its first run, and it is not run with this check.")
     if d.band == "far below":
         return (f"{lead} **Decision: far below** (P_max < {FAR} nats; n(P_max) = {n} seeds per arm). The CPU "
                 f"learning-curve study of claims 1, 2, 4, 5 and 6 closes as \"not testable at this scale\" (claims 2 "
@@ -626,6 +791,10 @@ def write_report(analysis: Analysis, out: str | Path, command: str) -> Path:
         "",
         f"{confirmed} of {len(analysis.outcomes)} predictions confirmed.",
         "",
+        "Δ_L in P7-P11 and in the projection is the *pooled* first-order estimator, `" + CHANGE + "<loss>` = "
+        "−Cov(log π_old, w_L·A) over every response token of the batch, not Cui et al.'s covariance over the actions "
+        "at one state (post hoc, 2026-12-07; the reading below).",
+        "",
         "## Projection and decision",
         "",
         *projection_table(analysis),
@@ -642,6 +811,7 @@ def write_report(analysis: Analysis, out: str | Path, command: str) -> Path:
         "",
         f"![weight change and |log r| quantiles over batches]({figures.name}/{spread.name})",
         "",
+        *reading_lines(analysis),
     ]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
@@ -658,7 +828,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     analysis = analyse(args.runs)
     path = write_report(analysis, args.out, f"python -m experiments.mechanism --runs {args.runs} --out {args.out}")
     print(f"{path}: {sum(o.confirmed for o in analysis.outcomes)}/{len(analysis.outcomes)} predictions confirmed; "
-          f"decision: {analysis.decision.band} (P_max {fmt(analysis.decision.p_max)} nats)")
+          f"decision: {analysis.decision.label} (P_max {nats(analysis.decision.p_max)})")
     return 0
 
 

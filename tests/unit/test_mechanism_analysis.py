@@ -24,7 +24,8 @@ WORLD = {1: dict(delta=0.01, mu=1e-4, s=math.sqrt(19) * 1e-4, measured=-0.0009),
          4: dict(delta=0.02, mu=3e-4, s=0.0, measured=-0.003)}
 
 
-def batches(*, delta, mu, s, measured, reward_slope=0.01, health=0.0, grpo_noise=0.0, pos_max=None, n=20):
+def batches(*, delta, mu, s, measured, reward_slope=0.01, health=0.0, grpo_noise=0.0, pos_max=None, n=20,
+            state_gap=None):
     """One CSV row per rollout batch (step: the optimizer step the batch ends on), then a held-out row."""
     rows = []
     for b in range(n):
@@ -34,7 +35,7 @@ def batches(*, delta, mu, s, measured, reward_slope=0.01, health=0.0, grpo_noise
                "health/status": health if b == n - 1 else 0.0, "entropy/measured_change": measured,
                "flip/weight_change": delta, "flip/weight_change_forced": 0.1 * delta, "flip/weight_change_free": 2 * delta,
                "flip/forced_weight_share": 1 / 1.9, "flip/forced_token_share": 0.8, "flip/entropy_forced": 0.01,
-               "flip/entropy_free": 0.09, "flip/spearman_pi_old_ratio": -0.1, "flip/entropy_change_gap": d}
+               "flip/entropy_free": 0.09, "flip/spearman_pi_old_ratio": -0.1, "flip/entropy_change_pooled_gap": d}
         for sign in ("pos", "neg"):
             row.update({f"flip/abs_log_ratio_{sign}_p50": 1e-5, f"flip/abs_log_ratio_{sign}_p90": 1e-3,
                         f"flip/abs_log_ratio_{sign}_p99": 0.02, f"flip/abs_log_ratio_{sign}_max": 0.05})
@@ -44,8 +45,11 @@ def batches(*, delta, mu, s, measured, reward_slope=0.01, health=0.0, grpo_noise
             w_grpo, w_aspo = {1: (1.02, 0.98), 10: (1.0001, 0.9999)}.get(k, (1.0, 1.0))
             row.update({f"flip/pi_old_decile{k:02d}": k / 10 - 0.05, f"flip/w_grpo_decile{k:02d}": w_grpo,
                         f"flip/w_aspo_decile{k:02d}": w_aspo})
-        row.update({f"flip/entropy_change/{loss}": grpo for loss in LOSSES})
-        row["flip/entropy_change/aspo"] = grpo - d
+        row.update({f"flip/entropy_change_pooled/{loss}": grpo for loss in LOSSES})
+        row["flip/entropy_change_pooled/aspo"] = grpo - d
+        if state_gap is not None:      # the state-centred gaps: alternating about state_gap
+            row["flip/entropy_change_state_gap"] = state_gap + 2 * abs(state_gap) * (-1) ** b
+            row["flip/entropy_change_state_old_gap"] = state_gap
         rows.append(row)
     rows.append({"step": 16 * n - 1, "val/avg@4": 0.4})
     return rows
@@ -142,6 +146,7 @@ def test_the_decision_bands(tmp_path, arm2, band, p_max, seeds):
     d = M.analyse(write_world(tmp_path, arm2=arm2)).decision
     assert (d.band, d.at, d.p_max, math.ceil(d.seeds)) == (band, (1e-4, "aspo"), approx64(p_max), seeds)
     assert d.follow_up == ((1e-4, "aspo") if band == "near" else None)
+    assert d.defined and d.label == band      # a finite P: the band is printed as it is
 
 
 def test_an_undefined_rho_counts_as_near(tmp_path):
@@ -149,6 +154,20 @@ def test_an_undefined_rho_counts_as_near(tmp_path):
     analysis = M.analyse(write_world(tmp_path, arm3={"grpo_noise": 0.1}))
     assert analysis.decision.band == "near" and analysis.decision.follow_up == (2e-4, "aspo")
     assert math.isinf(analysis.decision.p_max) and not outcomes(analysis)["P9"]
+
+
+def test_a_near_resting_only_on_an_undefined_rho_is_printed_indeterminate(tmp_path):
+    """Added 2026-12-07: the protocol's "near" through an undefined ρ alone is reported as
+    "indeterminate (ρ undefined)", never as "near" with "P = undefined nats ≥ 0.014"."""
+    analysis = M.analyse(write_world(tmp_path / "runs", arm3={"grpo_noise": 0.1}))
+    assert (analysis.decision.band, analysis.decision.defined) == ("near", False)
+    assert analysis.decision.label == "indeterminate (ρ undefined)"
+    out = M.write_report(analysis, tmp_path / "docs" / "mechanism.md", "python -m experiments.mechanism")
+    text = out.read_text()
+    assert "**Decision: indeterminate (ρ undefined).** No defined P reaches 0.014 nats." in text
+    assert "Decision: near" not in text and "undefined nats" not in text
+    assert "P_max is undefined (ρ undefined for ASPO against GRPO at lr 2e-4)" in text
+    assert "**What the decision rests on.** ρ is undefined at lr 2e-4" in text
 
 
 def test_the_report_renders(tmp_path):
@@ -162,9 +181,33 @@ def test_the_report_renders(tmp_path):
     # every prediction row has its 5 cells: a |…| inside a cell is escaped
     assert all(len(re.findall(r"(?<!\\)\|", line)) == 6 for line in rows)
     assert "| P3 |" in rows[2] and rows[2].endswith("| **not confirmed** |")
+    # the first-order estimator is named and labelled pooled; the post-hoc reading is there, labelled
+    assert "| `flip/entropy_change_pooled/grpo` |" in text and "| `flip/entropy_change_pooled_gap` |" in text
+    assert "flip/entropy_change/" not in text and "`flip/entropy_change_gap`" not in text
+    assert "is the *pooled* first-order estimator" in text
+    reading = text[text.index("## Reading (post hoc: not part of the pre-registered analysis)"):]
+    assert "the pooled gap's sign says nothing about ASPO's per-state effect" in reading
+    assert "P8 cannot be re-read with it here" in reading            # this world's runs predate it
+    assert "What the decision rests on" not in reading       # ρ is defined in this world
     for name in ("deciles.png", "spread.png"):
         assert f"](mechanism/{name})" in text
         assert (out.parent / "mechanism" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_p8_re_read_with_the_state_centred_estimator(tmp_path):
+    """Runs that log the state-centred gaps: P8's rule applied to them, under π_θ (alternating about
+    the mean: half the batches > 0) and under π_old (every batch at the mean)."""
+    worlds = {f"arm{k}": {"state_gap": -0.002} for k in (1, 2, 3, 4)}
+    text = M.reading_lines(M.analyse(write_world(tmp_path / "neg", **worlds)))
+    line = next(x for x in text if "P8 re-read with the state-centred estimator" in x)
+    assert "under π_θ: mean per batch (batches > 0) -0.002 (10/20 > 0), -0.002 (10/20 > 0)" in line
+    assert "under π_old: mean per batch (batches > 0) -0.002 (0/20 > 0)" in line
+    assert line.count("P8's rule does not hold") == 2
+    worlds = {f"arm{k}": {"state_gap": 0.001} for k in (1, 2, 3, 4)}
+    line = next(x for x in M.reading_lines(M.analyse(write_world(tmp_path / "pos", **worlds)))
+                if "P8 re-read" in x)
+    assert "under π_old: mean per batch (batches > 0) +0.001 (20/20 > 0)" in line
+    assert line.count("P8's rule holds") == 1 and line.count("P8's rule does not hold") == 1   # π_θ: 10/20 < 14
 
 
 def test_missing_and_unfinished_runs_are_named(tmp_path):
