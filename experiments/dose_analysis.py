@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.posthoc import _t, compare
+from experiments.posthoc import compare
 
 DELTA = 0.02          # nats: the equivalence margin of the entropy endpoints
 LOW, HIGH = 0.03, 0.10  # flip shares: "a few percent" and "visible only at >= 10 %"
@@ -105,7 +105,9 @@ def slope_test(doses: Sequence[Dose], endpoint: str = "final") -> tuple[float, t
     xc = x - x.mean()
     slopes = (xc[:, None] * (gaps - gaps.mean(0))).sum(0) / (xc ** 2).sum()
     n = slopes.shape[0]
-    half = _t(0.95, n - 1) * slopes.std(ddof=1) / math.sqrt(n)
+    from scipy.stats import t
+
+    half = float(t.ppf(0.95, n - 1)) * slopes.std(ddof=1) / math.sqrt(n)
     return float(slopes.mean()), (float(slopes.mean() - half), float(slopes.mean() + half))
 
 

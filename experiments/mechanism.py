@@ -603,7 +603,7 @@ def _span(xs: Sequence[float], scale: float = 1.0) -> str:
     return low if low == high else f"{low} to {high}"
 
 
-STATE_GAPS = (("flip/entropy_change_state_gap", "under π_θ"), ("flip/entropy_change_state_old_gap", "under π_old"))
+STATE_GAPS = (("flip/entropy_change_state_gap", "Under π_θ"), ("flip/entropy_change_state_old_gap", "under π_old"))
 
 
 def state_centred_reading(analysis: Analysis) -> str:

@@ -200,7 +200,7 @@ def test_p8_re_read_with_the_state_centred_estimator(tmp_path):
     worlds = {f"arm{k}": {"state_gap": -0.002} for k in (1, 2, 3, 4)}
     text = M.reading_lines(M.analyse(write_world(tmp_path / "neg", **worlds)))
     line = next(x for x in text if "P8 re-read with the state-centred estimator" in x)
-    assert "under π_θ: mean per batch (batches > 0) -0.002 (10/20 > 0), -0.002 (10/20 > 0)" in line
+    assert "Under π_θ: mean per batch (batches > 0) -0.002 (10/20 > 0), -0.002 (10/20 > 0)" in line
     assert "under π_old: mean per batch (batches > 0) -0.002 (0/20 > 0)" in line
     assert line.count("P8's rule does not hold") == 2
     worlds = {f"arm{k}": {"state_gap": 0.001} for k in (1, 2, 3, 4)}
