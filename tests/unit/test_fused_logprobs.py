@@ -20,6 +20,7 @@ from aspo_lit.maths.fused_logprobs import fused_linear_logprobs
 from aspo_lit.rollout.base import Completion
 from aspo_lit.rollout.batch import pack_rollouts, position_ids_from_mask
 from aspo_lit.training.forward import response_logprobs, response_logprobs_unfused
+from tests.helpers.ranks import leave_group
 from tests.helpers.tolerance import assert_as_accurate, assert_within, gamma, log_softmax_tol, rounding_tol
 from tools.ports import free_port
 
@@ -318,8 +319,10 @@ def _fsdp_worker(rank: int, world: int, port: int, out_path: str) -> None:
             results[tied] = (lp.detach(), entropy, grads)
         if rank == 0:
             torch.save(results, out_path)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_group()
 
 
 @pytest.mark.multiproc
