@@ -111,7 +111,8 @@ def batch_accounting(window: float, own: Mapping[str, float], callbacks: Iterabl
 
     * ``timing/fetch_s``: the prompt loader's ``next`` (``train_dataloader_next``);
     * ``timing/data_s``: the DataModule's hooks: the rollout, its grading and the weight push
-      (``timing/rollout_s``, ``reward_s`` and ``weight_sync_s`` are inside it);
+      (``timing/rollout_s``, ``reward_s``, ``weight_sync_s`` and, for an engine that sleeps,
+      ``engine_wake_s`` and ``engine_sleep_s`` are inside it);
     * ``timing/train_step_s``: the training step and its optimizer hooks (``old_logprob_s`` and
       ``update_s`` are inside it);
     * ``timing/callback/<Name>_s``: each callback's hooks of the training loop (its class name);

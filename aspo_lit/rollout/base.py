@@ -131,6 +131,16 @@ class RolloutEngine(abc.ABC):
     name: str = "base"
     #: seconds the last ``update_weights`` took (0.0 for a no-op sync)
     last_sync_s: float = 0.0
+    #: whether ``sleep`` frees memory (then a rollout logs its wake and sleep seconds apart)
+    sleeps: bool = False
+    #: seconds spent waking from ``sleep`` (inside ``update_weights`` or ``generate``) since the
+    #: last `take_wake_seconds`
+    _wake_s: float = 0.0
+
+    def take_wake_seconds(self) -> float:
+        """The seconds spent waking since the last call, and start counting again."""
+        seconds, self._wake_s = self._wake_s, 0.0
+        return seconds
 
     def __init__(self) -> None:
         self.model: Any = None

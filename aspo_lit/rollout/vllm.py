@@ -277,6 +277,10 @@ class VLLMEngine(RolloutEngine):
         return self._weights_discarded
 
     @property
+    def sleeps(self) -> bool:
+        return self.enable_sleep_mode
+
+    @property
     def _shares_process(self) -> bool:
         return bool(self.colocate or self.in_process)
 
@@ -537,8 +541,10 @@ class VLLMEngine(RolloutEngine):
         t0 = time.perf_counter()
         with self._engine_context("update_weights"):
             if self._weights_asleep:
+                t_wake = time.perf_counter()
                 self.llm.wake_up(tags=["weights"])
                 self._weights_asleep = False
+                self._wake_s += time.perf_counter() - t_wake
             info: dict[str, Any] = {}
             if self._shares_process:
                 res = self.llm.collective_rpc("aspo_load_weights", kwargs={"weights": self._stream(named_tensors),
@@ -596,11 +602,13 @@ class VLLMEngine(RolloutEngine):
     def wake(self) -> None:
         if not self.enable_sleep_mode or self.llm is None or not self._sleeping:
             return
+        t_wake = time.perf_counter()
         with self._engine_context("wake"):
             if self._weights_asleep:
                 self.llm.wake_up(tags=["weights"])
             self.llm.wake_up(tags=["kv_cache"])
             self.llm.reset_prefix_cache()
+        self._wake_s += time.perf_counter() - t_wake
         self._sleeping = False
         self._weights_asleep = False
 

@@ -117,21 +117,34 @@ class RolloutController:
 
     # --- the synchronous schedule ------------------------------------------------------------------
 
-    def _generate(self, records, n: int, sampling: SamplingConfig):
+    def _generate(self, records, n: int, sampling: SamplingConfig) -> tuple[list, dict[str, float]]:
+        """The completions, and the seconds of each engine phase: ``timing/weight_sync_s`` (the
+        push), ``timing/rollout_s`` (generation); with an engine that sleeps, waking (the weights
+        before the push, the KV cache before generation) and the sleep after it apart, as
+        ``timing/engine_wake_s`` and ``timing/engine_sleep_s``."""
         engine = self.ensure_engine()
-        sync_s = self.sync_weights(engine)
+        woken = getattr(engine, "take_wake_seconds", lambda: 0.0)   # optional, as `RolloutEngine`'s
+        woken()   # a wake outside a rollout is not this rollout's
+        push_s = self.sync_weights(engine)
+        wake_push = woken()
         start = time.perf_counter()
         completions = engine.generate([r["prompt_ids"] for r in records], n=n, sampling=sampling)
+        generate_s = time.perf_counter() - start
+        wake_generate = woken()
+        start = time.perf_counter()
         engine.sleep()  # vLLM with sleep mode frees its GPU memory for the update (wakes on the next push)
-        return completions, sync_s, time.perf_counter() - start
+        sleep_s = time.perf_counter() - start
+        if not getattr(engine, "sleeps", False):
+            return completions, {"timing/weight_sync_s": push_s, "timing/rollout_s": generate_s + sleep_s}
+        return completions, {"timing/weight_sync_s": push_s - wake_push, "timing/rollout_s": generate_s - wake_generate,
+                             "timing/engine_wake_s": wake_push + wake_generate, "timing/engine_sleep_s": sleep_s}
 
     def rollout(self, records: list[dict[str, Any]], seed: int) -> RolloutBatch:
         """G samples per prompt of `records` (this rank's) with the current weights, graded."""
         s = self.settings
-        completions, sync_s, rollout_s = self._generate(records, s.group_size, s.sampling(seed))
+        completions, timings = self._generate(records, s.group_size, s.sampling(seed))
         batch, reward_s = self.grade(records, completions)
-        batch.timings.update({"timing/rollout_s": rollout_s, "timing/reward_s": reward_s,
-                              "timing/weight_sync_s": sync_s})
+        batch.timings.update({**timings, "timing/reward_s": reward_s})
         return batch
 
     def grade(self, records: list[dict[str, Any]], completions) -> tuple[RolloutBatch, float]:
@@ -329,7 +342,7 @@ class RolloutController:
         temperature, graded: correctness [P, K], P this rank's problems (0 when it has none)."""
         k = self.settings.val_k
         mine, filler = self.val_share(records, self.ensure_engine())
-        completions, _, _ = self._generate(mine + filler, k, self.val_sampling(self.ranks.rank))
+        completions, _ = self._generate(mine + filler, k, self.val_sampling(self.ranks.rank))
         texts = [c.text for group in completions[:len(mine)] for c in group]
         golds = [r["answer"] for r in mine for _ in range(k)]
         correct = torch.tensor(self.grader().batch(texts, golds) if texts else [], dtype=torch.float32) > 0.5

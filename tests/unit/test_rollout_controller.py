@@ -107,6 +107,58 @@ def test_rollout_grades_groups_and_pushes_once_per_optimizer_step():
     assert engine.pushes == 2
 
 
+class Clock:
+    """A stand-in for ``time.perf_counter`` that moves only when the engine says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SleepingEngine(ScriptedEngine):
+    """An engine with sleep mode, on a scripted clock: a push takes 2 s (0.25 of them waking the
+    weights), a generate 3 s (1 of them waking the KV cache), a sleep 0.5 s."""
+
+    sleeps = True
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock, self._wake_s = clock, 7.0     # a wake before the rollout (a validation's): not its own
+
+    def take_wake_seconds(self) -> float:
+        seconds, self._wake_s = self._wake_s, 0.0
+        return seconds
+
+    def update_weights(self, state) -> None:
+        super().update_weights(state)
+        self.clock.now += 2.0
+        self._wake_s += 0.25
+
+    def generate(self, prompts, n, sampling):
+        self.clock.now += 3.0
+        self._wake_s += 1.0
+        return super().generate(prompts, n, sampling)
+
+    def sleep(self) -> None:
+        self.clock.now += 0.5
+
+
+def test_an_engine_that_sleeps_has_its_wake_and_sleep_timed_apart(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr("aspo_lit.rollout_stage.controller.time.perf_counter", clock)
+    controller, _ = _controller()
+    controller.engine = SleepingEngine(clock)
+    batch = controller.rollout(_records(["-1"]), seed=0)
+    assert {k: v for k, v in batch.timings.items() if k != "timing/reward_s"} == {
+        "timing/weight_sync_s": 1.75, "timing/engine_wake_s": 1.25, "timing/rollout_s": 2.0,
+        "timing/engine_sleep_s": 0.5}
+    controller.engine = ScriptedEngine()            # no sleep mode: generation and its no-op sleep, as before
+    assert set(controller.rollout(_records(["-1"]), seed=0).timings) == {
+        "timing/weight_sync_s", "timing/rollout_s", "timing/reward_s"}
+
+
 def test_overlong_penalty_is_added_to_the_reward():
     controller, _ = _controller(overlong_buffer=4, max_response_length=4, overlong_penalty_factor=1.0)
     batch = controller.rollout(_records(["-0"]), seed=0)

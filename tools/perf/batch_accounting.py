@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 #: The stages measured inside a part of the accounting (in it, not beside it).
 INSIDE = {"timing/rollout_s": "timing/data_s", "timing/reward_s": "timing/data_s",
-          "timing/weight_sync_s": "timing/data_s", "timing/old_logprob_s": "timing/train_step_s",
+          "timing/weight_sync_s": "timing/data_s", "timing/engine_wake_s": "timing/data_s",
+          "timing/engine_sleep_s": "timing/data_s", "timing/old_logprob_s": "timing/train_step_s",
           "timing/update_s": "timing/train_step_s"}
 
 

@@ -1,0 +1,43 @@
+"""`tools.perf.paper_path`'s table: each part beside its floor, the floors' own callback left out of
+the batch, the first batch left out of the means (synthetic accounting rows, no fit)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.perf.paper_path import table
+
+
+def _batch(scale: float) -> dict[str, float]:
+    return {"timing/batch_s": 30.0 * scale + 10.0, "timing/callback/Floors_s": 10.0,
+            "timing/data_s": 8.0 * scale, "timing/engine_wake_s": 0.5 * scale, "timing/weight_sync_s": 1.0 * scale,
+            "timing/rollout_s": 5.0 * scale, "timing/engine_sleep_s": 0.5 * scale, "timing/reward_s": 0.5 * scale,
+            "timing/train_step_s": 21.0 * scale, "timing/old_logprob_s": 6.0 * scale, "timing/update_s": 14.0 * scale,
+            "timing/checkpoint_s": 0.0, "timing/callback/TrainingStats_s": 1.0 * scale}
+
+
+FLOOR = {"generate_floor_s": 4.0, "old_floor_s": 6.0, "update_floor_s": 10.0, "push_bytes": 2**21,
+         "rollout_tokens": 100, "floor_tokens": 96}
+
+
+def _cells(text: str, part: str) -> list[str]:
+    row = next(line for line in text.splitlines() if line.startswith(f"| {part} |"))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_each_part_beside_its_floor_and_the_batch_without_the_floors():
+    text = table([_batch(5.0), _batch(1.0), _batch(1.0)], [dict(FLOOR, update_floor_s=99.0), FLOOR, FLOOR])
+    assert _cells(text, "generate")[1:] == ["5.000", "17%", "4.000", "+1.000 s (+25%)"]
+    assert _cells(text, "update")[3:] == ["10.000", "+4.000 s (+40%)"]
+    assert _cells(text, "push")[3:] == ["", ""]                       # no floor of its own
+    assert _cells(text, "the DataModule's other work (packing, advantages, tokenising)")[1] == "0.500"
+    assert _cells(text, "the training step's other work (hooks, the plan)")[1] == "1.000"
+    assert _cells(text, "the callbacks (Floors left out)")[1] == "1.000"
+    # 30 s less the floors' 10 s of callback; the floors 4 + 6 + 10
+    assert _cells(text, "**the batch**")[1:] == ["**30.000**", "100%", "20.000 (the floors)", "+10.000 s (+50%)"]
+    assert "rollout 100, floor 96" in text and "2.0 MiB a rank" in text and "Batches 2-3" in text
+
+
+def test_a_part_without_its_floor_measured_is_an_error():
+    with pytest.raises(KeyError):
+        table([_batch(1.0)] * 2, [{k: v for k, v in FLOOR.items() if k != "old_floor_s"}] * 2)
