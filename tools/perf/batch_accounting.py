@@ -52,7 +52,9 @@ def accounting_table(columns: dict[str, dict[str, float]]) -> str:
     first = next(iter(columns.values()))
     parts = sorted((k for k in first if k not in INSIDE and k not in ("timing/batch_s", "timing/step_s")),
                    key=lambda k: -first[k])
-    rows = ["timing/batch_s"] + [r for k in parts for r in [k] + [i for i, part in INSIDE.items() if part == k]]
+    logged = {k for stages in columns.values() for k in stages}   # an engine without sleep mode logs no wake/sleep
+    rows = ["timing/batch_s"] + [r for k in parts
+                                 for r in [k] + [i for i, part in INSIDE.items() if part == k and i in logged]]
     out = ["| part | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for key in rows:
         label = f"&nbsp;&nbsp;&nbsp;{key}" if key in INSIDE else f"`{key}`"
