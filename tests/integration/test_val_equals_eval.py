@@ -45,12 +45,12 @@ def test_offline_evaluation_like_the_fit_is_its_validation(testbed, tmp_path, mo
     generate = RolloutController._generate
 
     def recording(self, records, n, sampling):
-        completions, sync_s, rollout_s = generate(self, records, n, sampling)
+        completions, timings = generate(self, records, n, sampling)
         if not sampling.logprobs:   # the validation loop's calls (RolloutSettings.val_sampling)
             step = fit_samples.setdefault(self.ranks.step(), {})
             for row, group in zip(records, completions):
                 step.update({(row["id"], s): hashlib.sha1(c.text.encode()).hexdigest() for s, c in enumerate(group)})
-        return completions, sync_s, rollout_s
+        return completions, timings
 
     monkeypatch.setattr(RolloutController, "_generate", recording)
     assert main([
