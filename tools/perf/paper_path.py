@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = ["conf/aspo.yaml", "conf/rehearsal/cpu.yaml", "conf/rehearsal/real_shape_cpu.yaml"]
+REHEARSAL = "aspo_real_shape"   # the fit is this rehearsal's: its config files, overlays and stand-in
 
 
 def _engine(trainer):
@@ -223,21 +222,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "runs/perf/paper_path")
     args = parser.parse_args(argv)
 
-    from tools.rehearsal import standins
-    from tools.rehearsal.run import write_data
+    from tools.rehearsal.run import CONFIGS, ENV, overlays, run_overrides, write_data
 
-    model = standins.build_standin(standins.REAL_SHAPE)
+    configs = CONFIGS[REHEARSAL]
+    _, extra = run_overrides(REHEARSAL)      # builds the stand-in: --model.model_name_or_path=<its folder>
     write_data(args.out)
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)   # a stale last.ckpt would be resumed
-    fit = [sys.executable, "-m", "aspo_lit", "fit", *sum((["--config", c] for c in CONFIGS), []),
-           f"--model.model_name_or_path={model}", f"--trainer.limit_train_batches={args.batches}",
+    fit = [sys.executable, "-m", "aspo_lit", "fit", *sum((["--config", c] for c in configs + overlays(configs, REHEARSAL)), []),
+           *extra, f"--trainer.limit_train_batches={args.batches}",
            f"--trainer.logger.init_args.save_dir={out}", "--trainer.callbacks+=tools.perf.paper_path.Floors",
            f"--trainer.callbacks.init_args.out_dir={out / 'floors'}"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     print(" ".join(fit), flush=True)
     start = time.perf_counter()
-    subprocess.run(fit, cwd=REPO, env=env, check=True)
+    subprocess.run(fit, cwd=REPO, env=ENV, check=True)
     print(f"fit: {time.perf_counter() - start:.0f} s")
     metrics = next(out.rglob("metrics.csv"))
     print(table(_batches(metrics), _floors(out / "floors")))
