@@ -331,8 +331,13 @@ def _digits(node) -> float:
     return max(inner, default=0) + 1  # Add, functions: a sum of n terms adds log10(n) < 1 + ...
 
 
+@functools.lru_cache(maxsize=4096)
 def _equal_under_sympy(gold: str, given: str) -> bool:
-    """``simplify(gold - given) == 0``, when DeepScaleR's guards and the size bound allow it."""
+    """``simplify(gold - given) == 0``, when DeepScaleR's guards and the size bound allow it.
+
+    Cached: a pair's verdict is a function of its two strings, and pairs recur (one gold per
+    group, the same wrong answers batch after batch). A timeout raised by the caller's deadline is
+    a ``BaseException`` the ``except`` below lets through, so it is never cached."""
     expr = f"({gold})-({given})"
     if not _sympy_allowed(expr):
         return False

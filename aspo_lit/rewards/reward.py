@@ -106,18 +106,26 @@ class MathReward(ProcessLocalWorkers):
         return self._format_checked(response_text, score)
 
     def batch(self, texts: Sequence[str], golds: Sequence[str]) -> list[float]:
-        """Score ``texts[i]`` against ``golds[i]`` in parallel worker processes."""
+        """Score ``texts[i]`` against ``golds[i]`` in parallel worker processes.
+
+        What needs no verifier is scored here; the rest is graded once per distinct ``(text,
+        gold)`` pair, since a verdict is a function of the pair (a group's samples often repeat
+        one another: a third of a demo batch's verifier calls)."""
         if len(texts) != len(golds):
             raise ValueError(f"{len(texts)} texts but {len(golds)} golds")
         scores: list[float | None] = [self._quick(t, g) for t, g in zip(texts, golds)]
-        todo = [i for i, s in enumerate(scores) if s is None]
+        todo: dict[tuple[str, str], list[int]] = {}
+        for i, score in enumerate(scores):
+            if score is None:
+                todo.setdefault((texts[i], golds[i]), []).append(i)
         if todo:
             if self.num_workers == 0 and in_main_thread():
-                graded = [grade(texts[i], golds[i], **self.grade_kwargs) for i in todo]
+                graded = [grade(text, gold, **self.grade_kwargs) for text, gold in todo]
             else:
-                graded = self._grade_in_processes([(texts[i], golds[i]) for i in todo])
-            for i, s in zip(todo, graded):
-                scores[i] = s
+                graded = self._grade_in_processes(list(todo))
+            for indices, score in zip(todo.values(), graded):
+                for i in indices:
+                    scores[i] = score
         return [self._format_checked(t, s) for t, s in zip(texts, scores)]
 
     def _grade_in_processes(self, items: list[tuple[str, str]]) -> list[float]:

@@ -26,6 +26,7 @@ past ``timeout_s`` from the call's start.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Literal, get_args
 
@@ -80,10 +81,17 @@ def skywork_math_verify(solution: str, gold: str, semantic: bool = True) -> bool
             return True
         if not semantic:
             return False
-        gold_parsed = mv.parse(f"\\boxed{{{gold}}}", parsing_timeout=None, raise_on_error=True)
-        return bool(mv.verify(gold_parsed, parsed, timeout_seconds=None, raise_on_error=True))
+        return bool(mv.verify(list(_skywork_gold(gold)), parsed, timeout_seconds=None, raise_on_error=True))
     except (Exception, timeout_exception):  # noqa: BLE001 - malformed or timed out: not correct
         return False
+
+
+@functools.lru_cache(maxsize=4096)
+def _skywork_gold(gold: str) -> tuple:
+    """math-verify's default ``parse`` of ``\\boxed{gold}``, cached (a group's samples share one
+    gold); a timeout raises through it, so it is never cached."""
+    mv, _, _ = load_math_verify()
+    return tuple(mv.parse(f"\\boxed{{{gold}}}", parsing_timeout=None, raise_on_error=True))
 
 
 def grade(solution_str: str, ground_truth: str, verifier: Verifier = "either", timeout_s: float = 5.0,

@@ -276,3 +276,76 @@ def test_hub_golds_are_normalised_too(monkeypatch, caplog):
         loaded = load_benchmark("minerva", data_dir="/nonexistent")
     assert [r["answer"] for r in loaded] == ["10^{-3}", "\\frac{1}{2}"]
     assert "math-ai/minervamath: 1 of 2 gold answers rewritten as LaTeX" in caplog.text
+
+
+# --------------------------------------------------------------------------- repeated work done once
+
+# A demo batch in miniature: a group's samples repeat one another, wrong integer answers recur
+# against one gold, one answer is right by math-verify's reading of the whole text only.
+REPEATS = [("3*5=15\n15+6=20\n\\boxed{20}", "21"), ("3*5=15\n15+6=21\n\\boxed{21}", "21"),
+           ("3*5=15\n15+6=20\n\\boxed{20}", "21"), ("8+5=13\n\\boxed{\\boxed=}", "13"),
+           ("8+5=13\n\\boxed{\\boxed=}", "13"), ("2+2=5\n\\boxed{5}", "4"), ("x^2-1", "(x-1)(x+1)"),
+           ("3*5=15\n15+6=20\n\\boxed{20}", "21")]
+
+
+@pytest.mark.parametrize("verifier", VERIFIERS)
+def test_a_batch_grades_each_distinct_pair_once_with_the_same_scores(verifier, monkeypatch):
+    """``batch`` sends each distinct (text, gold) pair to a verifier once and gives every copy its
+    score: the scores of grading every item alone, in the main thread and through the pool."""
+    import aspo_lit.rewards.reward as reward_module
+    from aspo_lit.rewards.verifiers import grade, quick_score
+
+    texts, golds = map(list, zip(*REPEATS))
+    alone = [grade(t, g, verifier, fast_path=False) for t, g in REPEATS]
+    assert alone[3] == alone[4] and (verifier != "either" or alone[3] == 1.0)   # the whole-text reading
+    undecided = [(t, g) for t, g in REPEATS if quick_score(t, g, verifier, fast_path=False) is None]
+    assert len(undecided) > len(set(undecided))    # copies reach the verifiers
+    seen = []
+    monkeypatch.setattr(reward_module, "grade", lambda t, g, **kw: seen.append((t, g)) or grade(t, g, **kw))
+    in_thread = MathReward(verifier=verifier, num_workers=0, fast_path=False)
+    assert in_thread.batch(texts, golds) == alone
+    assert sorted(seen) == sorted(set(undecided))
+    monkeypatch.setattr(reward_module, "grade", grade)   # the pool's workers get the real one
+    pooled = MathReward(verifier=verifier, num_workers=1, fast_path=False)
+    sent = []
+    grade_in_processes = pooled._grade_in_processes
+    monkeypatch.setattr(pooled, "_grade_in_processes", lambda items: sent.extend(items) or grade_in_processes(items))
+    try:
+        assert pooled.batch(texts, golds) == alone
+    finally:
+        pooled.close()
+    assert sorted(sent) == sorted(set(undecided))
+
+
+def test_recurring_verifier_work_is_cached_and_a_timeout_is_not(monkeypatch):
+    """DeepScaleR's sympy comparison of a (gold, answer) pair and math-verify's parse of a gold run
+    once per process for a recurring pair or gold (the verdicts unchanged); a comparison that the
+    grading deadline interrupts is not cached: the next call compares again. (Strings no other
+    test grades, so that the process's caches start without them.)"""
+    import math_verify
+    from math_verify.errors import TimeoutException
+
+    import aspo_lit.rewards.deepscaler as ds
+    import aspo_lit.rewards.verifiers as vf
+
+    parse, parsed = ds._parse, []
+    monkeypatch.setattr(ds, "_parse", lambda expr, evaluate: parsed.append(expr) or parse(expr, evaluate))
+    assert grade_answer_sympy("z^2-9", "(z-3)(z+3)") and grade_answer_sympy("z^2-9", "(z-3)(z+3)")
+    assert not grade_answer_sympy("z^2+9", "(z-3)(z+3)")
+    assert len(parsed) == 4     # two parses (the size bound, then simplify) per distinct pair
+
+    def interrupted(expr, evaluate):
+        raise TimeoutException("grading deadline")
+
+    monkeypatch.setattr(ds, "_parse", interrupted)
+    with pytest.raises(TimeoutException):
+        ds._equal_under_sympy("(w-1)(w+1)", "w^2-1")
+    monkeypatch.setattr(ds, "_parse", parse)
+    assert ds._equal_under_sympy("(w-1)(w+1)", "w^2-1")
+
+    mv_parse, golds_parsed = math_verify.parse, []
+    monkeypatch.setattr(math_verify, "parse", lambda text, **kw: golds_parsed.append(text) or mv_parse(text, **kw))
+    assert vf.skywork_math_verify("so \\boxed{\\frac{10}{22}}", "\\frac{5}{11}")
+    assert not vf.skywork_math_verify("so \\boxed{\\frac{1}{4}}", "\\frac{5}{11}")
+    assert vf.skywork_math_verify("so \\boxed{\\frac{15}{33}}", "\\frac{5}{11}")
+    assert golds_parsed.count("\\boxed{\\frac{5}{11}}") == 1 and len(golds_parsed) == 4
