@@ -18,27 +18,28 @@ engine's (``aspo_lit/rollout/kv_cache.py``), the code before that change, under 
 
 Shapes (the configs are read, not restated: batch shape, sampling and optimiser come from them):
 
-* ``demo``: ``conf/tiny/grpo.yaml``, the ``testbed`` model and its arithmetic prompts: 16 prompts
-  x G = 8, <= 64 new tokens, 4 mini-batches of 32 responses (one optimizer step each), 1 epoch,
+* ``demo``: ``conf/tiny/grpo.yaml``, the ``testbed`` model and its arithmetic prompts: 32 prompts
+  x G = 8, <= 64 new tokens, 4 mini-batches of 64 responses (one optimizer step each), 1 epoch,
   k3 KL (beta 0.001).
 * ``long``: ``conf/tiny/aspo_long.yaml`` with the GRPO loss (TRL has no ASPO), the
-  ``testbed-long`` model (built on first use: ``python -m aspo_lit build-testbed --profile
-  testbed-long``, ~10 min) and its multi-step chains: the same batch shape, <= 320 new tokens.
+  ``testbed-long`` model (shipped with the package) and its multi-step chains: 16 prompts x G = 8,
+  <= 320 new tokens.
 
 What makes the two loops equal work:
 
 * the same model weights (fp32, CPU), tokenizer and chat-templated prompt ids (the bench checks
   that TRL's tokenisation of the first prompt equals aspo-lit's ``encode_prompt``), prompts drawn
-  from the same generated training rows, the same reward (``MathVerifyReward``: the grader
-  the DataModule uses, one instance per run), sampling at the config's temperature / top-p with
-  no top-k, and the same maximum number of new tokens;
-* per rollout batch: 128 responses sampled with the KV cache (TRL: transformers' ``generate``;
+  from the same generated training rows, the same reward (the config's ``data.init_args.reward``,
+  ``MathReward(verifier="either")`` in the demo: the grader the DataModule uses, one instance per
+  run), sampling at the config's temperature / top-p with no top-k, and the same maximum number of
+  new tokens;
+* per rollout batch: 256 responses sampled with the KV cache (TRL: transformers' ``generate``;
   aspo-lit: its engine's sampling loop, ``aspo_lit/rollout/decode.py``, the same samples as
   ``generate`` with one prefill per prompt and finished rows out of the batch), the policy's old
   log-probs (TRL computes them too, since its 4 optimizer steps per generation make every step
   after the first off-policy: ``steps_per_generation=4 > gradient_accumulation_steps=1``;
   aspo-lit takes the first mini-batch's from its own update forward, where π_old = π_θ), one
-  reference-model pass, then 4 optimizer steps of 32
+  reference-model pass, then 4 optimizer steps of 64
   responses each with one forward/backward per step (aspo-lit's token budget puts each
   mini-batch in one micro-batch), clipped-ratio loss with eps 0.2, per-sequence token mean
   (aspo-lit ``seq-mean-token-mean`` = TRL ``loss_type="grpo"``), k3 KL to the reference with the
@@ -56,8 +57,8 @@ What differs, and why it is left so:
   metrics (entropy, clip ratios, KL, completion lengths, logged every 4 optimizer steps) - that is
   what a user of each gets;
 * aspo-lit records the sampler's log-prob of every sampled token during generation (a log-softmax
-  per decoding step; it logs the sampler/trainer mismatch) and generates the 128 rows in the
-  engine's ``max_batch_size`` chunks; TRL generates all 128 rows in one ``generate`` call;
+  per decoding step; it logs the sampler/trainer mismatch) and generates the 256 rows in the
+  engine's ``max_batch_size`` chunks (64); TRL generates all 256 rows in one ``generate`` call;
 * aspo-lit's old-log-prob pass also returns the entropy (its loss options and diagnostics read it);
   TRL computes the entropy in the training forward instead;
 * the random streams differ, so the two runs sample different responses and learn along different
@@ -166,6 +167,14 @@ class Work:
     warmup_batches: int
     adv_norm: str
     callbacks: list[Any]
+    reward: Any   # the config's ``data.init_args.reward`` (a class_path dict), or the task's default
+
+    def make_reward(self) -> Any:
+        """The reward the fit grades with, for TRL's side."""
+        if not isinstance(self.reward, dict):
+            return self.reward
+        module_name, cls_name = self.reward["class_path"].rsplit(".", 1)
+        return getattr(importlib.import_module(module_name), cls_name)(**(self.reward.get("init_args") or {}))
 
     @property
     def steps_per_batch(self) -> int:
@@ -206,14 +215,19 @@ def load_work(shape: Shape) -> Work:
         betas=tuple(model.get("betas", (0.9, 0.999))), max_grad_norm=model.get("max_grad_norm", 1.0),
         warmup_batches=model.get("warmup_steps", 10), adv_norm=hp.adv_norm,
         callbacks=list(cfg["trainer"].get("callbacks") or []),
+        reward=init.get("reward") or datamodule.task.default_reward(),
     )
 
 
 # --------------------------------------------------------------------------- clocks
 
+#: how the fit's config names `BatchClock` (this module runs as ``__main__``: not its own name)
+CLOCK_CLASS_PATH = "tools.perf.bench_peer.BatchClock"
+
+
 class BatchClock(Callback):
     """The wall clock at the end of every rollout batch, written to `path` when the fit ends
-    (named in the run's config by ``class_path: bench_peer.BatchClock``)."""
+    (named in the run's config by ``class_path: tools.perf.bench_peer.BatchClock``)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -262,7 +276,7 @@ def run_aspo(shape: Shape, work: Work, batches: int, tmp: Path, checkpoint: bool
 
     clock = tmp / f"{tag}.clock.json"
     callbacks = [c for c in work.callbacks if checkpoint or not _is_checkpoint(c)]
-    callbacks.append({"class_path": "bench_peer.BatchClock", "init_args": {"path": str(clock)}})
+    callbacks.append({"class_path": CLOCK_CLASS_PATH, "init_args": {"path": str(clock)}})
     override = tmp / f"{tag}.yaml"
     override.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
     args = ["fit", "--config", str(REPO / shape.config), *shape.extra_args, "--config", str(override),
@@ -341,11 +355,9 @@ def run_trl(work: Work, batches: int, tmp: Path, tag: str) -> tuple[float, list[
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from aspo_lit.rewards import MathVerifyReward
-
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(work.model_dir)
-    reward = MathVerifyReward()
+    reward = work.make_reward()
 
     def math_reward(completions, answer, **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -360,7 +372,7 @@ def run_trl(work: Work, batches: int, tmp: Path, tag: str) -> tuple[float, list[
         with contextlib.redirect_stdout(io.StringIO()):
             trainer.train()
     finally:
-        reward.close()
+        getattr(reward, "close", lambda: None)()
     return time.perf_counter() - t0, ends
 
 
