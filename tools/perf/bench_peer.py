@@ -171,14 +171,17 @@ class Work:
 
     def make_reward(self) -> Any:
         """The reward the fit grades with, for TRL's side."""
-        if not isinstance(self.reward, dict):
-            return self.reward
-        module_name, cls_name = self.reward["class_path"].rsplit(".", 1)
-        return getattr(importlib.import_module(module_name), cls_name)(**(self.reward.get("init_args") or {}))
+        return instantiate(self.reward) if isinstance(self.reward, dict) else self.reward
 
     @property
     def steps_per_batch(self) -> int:
         return self.ppo_epochs * self.batch_size // self.mini_batch_size
+
+
+def instantiate(spec: dict[str, Any]) -> Any:
+    """The object a config's ``{class_path, init_args}`` names, built as the CLI builds it."""
+    module_name, cls_name = spec["class_path"].rsplit(".", 1)
+    return getattr(importlib.import_module(module_name), cls_name)(**(spec.get("init_args") or {}))
 
 
 def load_work(shape: Shape) -> Work:
@@ -198,8 +201,7 @@ def load_work(shape: Shape) -> Work:
     if model.get("kl_kind", "k3") not in ("k3", "low_var_kl"):
         raise ValueError(f"{shape.config}: TRL's KL is k3, the config's is {model.get('kl_kind')}")
     init = dict(data["init_args"])
-    module_name, cls_name = data["class_path"].rsplit(".", 1)
-    datamodule = getattr(importlib.import_module(module_name), cls_name)(**init)
+    datamodule = instantiate({"class_path": data["class_path"], "init_args": init})
     hp = datamodule.hparams
     if hp.batch_size % model["mini_batch_size"]:
         raise ValueError("batch_size must be a multiple of mini_batch_size")
