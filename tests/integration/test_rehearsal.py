@@ -25,7 +25,8 @@ def test_every_shipped_fit_config_is_rehearsed():
 #: the 2-node one's (~2.5 min: every fit two torchrun launches; its config and launch are checked below)
 HEAVY = ("aspo_real_shape", "aspo_2nodes")
 #: the rehearsals tests/integration/test_rehearsal_more.py runs: a second file, so that pytest-xdist (`--dist
-#: loadfile`) can give them to the other worker (together ~14 min of one worker's time otherwise)
+#: loadfile`) can give them to the other worker (the fits of each file take ~10 min of a worker's time on a
+#: 2-core AVX2 machine: `aspo` and `qwen3_30b_a3b` here, `grpo`, `archer` and `code_aspo` there)
 IN_SECOND_FILE = ("grpo", "archer", "aspo+grpo_no_is", "qwen3_8b", "code_aspo", "code_grpo", "code_qwen3_4b",
                   "code_archer2_data")
 
@@ -50,18 +51,22 @@ def test_shipped_config_rehearses(name):
     check_rehearsal(name)
 
 
-def test_loss_ablations_share_a_resume_check_only_with_a_loss_only_difference(tmp_path):
-    """A config whose SIGTERM + resume check is another's (RESUME_AS) differs from it in the loss and
-    the logger's name only; any other key that differs fails the check."""
-    from tools.rehearsal.run import LOSS_ONLY_KEYS, RESUME_AS, _same_config, config_diff
+def test_loss_ablations_rehearse_as_a_config_that_differs_in_the_loss_only(tmp_path):
+    """A config that rehearses as another (LOSS_ONLY_AS) differs from it in the loss and the logger's
+    name only, and its loss builds from its config; any other key that differs, or a loss that does
+    not build, fails the rehearsal's checks."""
+    from tools.rehearsal.run import LOSS_ONLY_AS, LOSS_ONLY_KEYS, _same_config, config_diff, loss_builds
 
-    for name, other in RESUME_AS.items():
+    for name, other in LOSS_ONLY_AS.items():
         _, rehearsed = config_diff(name, CONFIGS[name], ["--data.init_args.engine=hf"], tmp_path / name)
         same = _same_config(rehearsed, other, ["--data.init_args.engine=hf"], tmp_path, allowed=LOSS_ONLY_KEYS)
         assert same["ok"], same
         assert rehearsed["model.loss"] != config_diff(other, CONFIGS[other], [], tmp_path / other)[1]["model.loss"]
+        assert loss_builds(rehearsed)["ok"], (name, loss_builds(rehearsed))
     changed = {**rehearsed, "model.lr": rehearsed["model.lr"] * 2}
     assert _same_config(changed, other, ["--data.init_args.engine=hf"], tmp_path, allowed=LOSS_ONLY_KEYS)["differ"] == ["model.lr"]
+    assert not loss_builds({**rehearsed, "model.loss": "aspo_typo"})["ok"]
+    assert not loss_builds({**rehearsed, "model.loss_kwargs.dual_clip": 0.5})["ok"]
 
 
 def test_moe_config_rehearses_an_moe_on_vllm(testbed, tmp_path):

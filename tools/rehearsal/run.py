@@ -50,11 +50,14 @@ checkpoint), it:
 
 `code_qwen3_4b` and `code_archer2_data` rehearse as `code_aspo`, and `qwen3_8b` as `qwen3_4b`, once
 the overlay has replaced their model, data and lengths: for them step 1 runs, and a check that their
-rehearsed effective config is the other's (the logger's name aside) stands for steps 2-4. The loss
-ablations `aspo+grpo_pos_mean`, `aspo+aspo_no_dual_clip`, `aspo+cispo` and `code_grpo` run steps 1-3;
-their step 4 is `aspo+grpo_no_is`'s / `code_aspo`'s (a checkpoint holds no loss state), with a check
-that their effective configs differ from those in the loss and the logger's name only. The
-effective configs of step 1 are read in-process (`print_config`), the fits run as subprocesses.
+rehearsed effective config is the other's (the logger's name aside) stands for steps 2-4. `qwen3_4b`
+(once the overlay has replaced its model and lengths) and the loss ablations `aspo+grpo_no_is`,
+`aspo+grpo_pos_mean`, `aspo+aspo_no_dual_clip`, `aspo+cispo` rehearse as `grpo`, and `code_grpo` as
+`code_aspo`: step 1, a check that their effective configs differ from those in the loss and the
+logger's name only, and their loss built from the config (every built-in loss is a per-token
+function of its own row, aggregated and reduced over ranks by shared code; tests/unit/test_losses.py
+splits each one's batch over rows). The effective configs of step 1 are read in-process
+(`print_config`), the fits run as subprocesses.
 
 The verdict of each config goes to `runs/rehearsal/<config>.json` (with the engine topology that
 ran and each rank's peak host RSS); the exit code is non-zero if any check failed.
@@ -106,12 +109,15 @@ RSS_BOUND_MIB = {"aspo_real_shape": 8192}
 #: configs whose rehearsed run is another config's (the overlay replaces all they change: model id,
 #: data sources): checked by the config diff and that identity (the logger's name aside), not a fit
 SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo", "qwen3_8b": "qwen3_4b"}
-#: configs that differ from another only in the loss (and the logger's name): a checkpoint holds no
-#: loss state, so their SIGTERM + resume check is the other's (asserted: the effective configs differ
-#: in no other key); their fit and 1-process replay still run, since the loss's reduction over ranks
-#: is theirs
-RESUME_AS = {"aspo+grpo_pos_mean": "aspo+grpo_no_is", "aspo+aspo_no_dual_clip": "aspo+grpo_no_is",
-             "aspo+cispo": "aspo+grpo_no_is", "code_grpo": "code_aspo"}
+#: configs that differ from another only in the loss (and the logger's name): their rehearsal is
+#: step 1, that identity (asserted: the effective configs differ in no other key) and the loss built
+#: from the config. The other config's fits stand for theirs: every built-in loss is a per-token
+#: function of its own row, aggregated and reduced over ranks by the code all losses share
+#: (`PolicyLoss.__call__`), and tests/unit/test_losses.py checks that each one's loss and gradient
+#: over a split of the rows (micro-batches, ranks) equal the whole batch's; a checkpoint holds no
+#: loss state
+LOSS_ONLY_AS = {"qwen3_4b": "grpo", "aspo+grpo_no_is": "grpo", "aspo+grpo_pos_mean": "grpo",
+                "aspo+aspo_no_dual_clip": "grpo", "aspo+cispo": "grpo", "code_grpo": "code_aspo"}
 LOSS_ONLY_KEYS = ("model.loss", "trainer.logger.init_args.name")
 #: extra overrides of the interrupted and resumed runs only: the MoE config's uninterrupted run
 #: pushes at rollout TP 2 (its overlay: the experts' weights split over the TP group), its
@@ -373,6 +379,10 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
     if name in SAME_RUN_AS:
         checks["same_run_as"] = _same_config(rehearsed, SAME_RUN_AS[name], extra, out, allowed=LOSS_ONLY_KEYS[1:])
         return _finish(verdict, checks, out_root, name, t0)
+    if name in LOSS_ONLY_AS:
+        checks["loss_only_as"] = _same_config(rehearsed, LOSS_ONLY_AS[name], extra, out, allowed=LOSS_ONLY_KEYS)
+        checks["loss_builds"] = loss_builds(rehearsed)
+        return _finish(verdict, checks, out_root, name, t0)
 
     nodes = 2 if name in MULTI_NODE else 1
     proc = _fit(files, extra, out / "multi", {"out_dir": out / "multi" / "probe"}, out / "multi.log", seconds=fit_s,
@@ -430,10 +440,6 @@ def rehearse(name: str, out_root: Path, overrides: list[str] = ()) -> dict:
         checks["first_gradient"] = compare_gradients(probes_dir["multi"], probes_dir["single"],
                                                      probes_dir["single_fp32"] if bf16 else None)
 
-    if name in RESUME_AS:
-        checks["sigterm_resume"] = {**_same_config(rehearsed, RESUME_AS[name], extra, out, allowed=LOSS_ONLY_KEYS),
-                                    "resume_checked_by": RESUME_AS[name]}
-        return _finish(verdict, checks, out_root, name, t0)
     reference = out / "multi"
     cut = out / "interrupted"
     extra = extra + RESUME_EXTRA.get(name, [])
@@ -462,6 +468,19 @@ def _same_config(rehearsed: dict, other: str, extra: list[str], out: Path, allow
     _, theirs = config_diff(other, CONFIGS[other], extra, out / other.replace("+", "_"))
     differ = sorted(k for k in set(rehearsed) | set(theirs) if rehearsed.get(k) != theirs.get(k) and k not in allowed)
     return {"ok": not differ, "config": other, "differ": differ, "allowed": list(allowed)}
+
+
+def loss_builds(rehearsed: dict) -> dict:
+    """The config's loss, built as the training module builds it (name or import path, and its kwargs)."""
+    from aspo_lit.maths.losses import get_policy_loss
+
+    prefix = "model.loss_kwargs."
+    kwargs = {k[len(prefix):]: v for k, v in rehearsed.items() if k.startswith(prefix)}
+    try:
+        loss = get_policy_loss(rehearsed["model.loss"], **kwargs)
+    except (ValueError, TypeError, ImportError) as err:
+        return {"ok": False, "loss": rehearsed["model.loss"], "why": f"{type(err).__name__}: {err}"}
+    return {"ok": True, "loss": repr(loss)}
 
 
 def _finish(verdict, checks, out_root, name, t0):
