@@ -527,18 +527,18 @@ def test_dry_run_prints_commands(tmp_path, capsys):
 @pytest.mark.slow
 def test_quick_profile_end_to_end(tmp_path):
     """The quick profile: real training runs, then the docs-like report (into tmp_path). Its runs are
-    shortened to 2 rollout batches (32 optimizer steps, held-out evaluation at the last): no assert
-    depends on the runs' length, only on the machinery."""
+    shortened to 1 rollout batch (16 optimizer steps, held-out evaluation before it and after it): no
+    assert depends on the runs' length, only on the machinery."""
     out, report = tmp_path / "runs", tmp_path / "docs" / "study.md"
     args = ["study", "--config", str(REPO / "conf" / "study" / "quick.yaml"), "--out_dir", str(out), "--report", str(report),
-            "--max_steps", "32", "--overrides", "[--trainer.val_check_interval=2, --data.init_args.num_val=32]"]
+            "--max_steps", "16", "--overrides", "[--trainer.val_check_interval=1, --data.init_args.num_val=32]"]
     assert main(args) == 0
     text = report.read_text()
     assert "## Verdicts per claim" in text and "(1) GRPO's entropy" in text
     assert (tmp_path / "docs" / "study" / "figure2_overlays.png").exists()
     assert (tmp_path / "docs" / "study" / "fig4_aspo.png").exists()
-    study = S.load_study(REPO / "conf" / "study" / "quick.yaml", out_dir=str(out), report=str(report), max_steps=32,
-                         overrides=["--trainer.val_check_interval=2", "--data.init_args.num_val=32"])
+    study = S.load_study(REPO / "conf" / "study" / "quick.yaml", out_dir=str(out), report=str(report), max_steps=16,
+                         overrides=["--trainer.val_check_interval=1", "--data.init_args.num_val=32"])
     results = collect(study)
     assert set(results.runs["status"]) == {"done"}
     for loss in study.losses:
