@@ -4,7 +4,7 @@
 
 It reads pytest's ``--durations`` sections (every phase of every test over `--durations-min`), the
 summary line of each pytest phase of ``make test`` (the parallel one, then the wall-clock-bound
-tests), the ``== ... passed in N s`` lines of ``make test-numerics`` and ``.ci/run``'s own ``ci: ...``
+tests), the ``== ... passed in N s`` (or ``not rerun``) lines of ``make test-numerics`` and ``.ci/run``'s own ``ci: ...``
 timestamps, and prints: the totals, the seconds per test file, and the slowest tests. Nothing is
 estimated: a test below `--durations-min` counts in the suite's total only. Under pytest-xdist a
 test's seconds are its worker's, so the per-file seconds add up to more than the phase's wall clock.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 DURATION = re.compile(r"^\s*([\d.]+)s (call|setup|teardown)\s+(\S+)")
 SUMMARY = re.compile(r"^(?:=+ )?(\d+ (?:passed|failed).*?) in ([\d.]+)s")
-NUMERICS = re.compile(r"^== (\S+): passed in (\d+) s")
+NUMERICS = re.compile(r"^== (\S+): (?:passed in (\d+) s|not rerun)")
 NUMERICS_START = "== numerics tests under"
 CI_STAMP = re.compile(r"^ci: (.+?) (?:in|at) (\d+) s$")
 
@@ -37,7 +37,7 @@ def parse(text: str) -> dict:
         elif (m := SUMMARY.match(line)) and not in_numerics:
             phases.append((m[1], float(m[2])))
         elif m := NUMERICS.match(line):
-            numerics.append((m[1], int(m[2])))
+            numerics.append((m[1], int(m[2]) if m[2] else "not rerun (the CPU's own)"))
         elif m := CI_STAMP.match(line):
             stamps.append((m[1], int(m[2])))
     if not phases:

@@ -24,6 +24,7 @@ LOG = """\
 ci: setup done in 40 s
 ci: lint and testbeds done at 52 s
 ci: done in 600 s
+== ATEN_CPU_CAPABILITY=avx2: not rerun, this CPU's own (AVX2, no AVX-512): the suite above ran under it
 == MKL_ENABLE_INSTRUCTIONS=AVX2: passed in 24 s
 """
 
@@ -33,7 +34,8 @@ def test_tables_sum_each_file_and_list_the_slowest():
     # make test's two pytest phases, not the numerics reruns' summaries
     assert log["phases"] == [("10 passed, 1 skipped, 3 warnings", 400.0), ("4 passed", 50.0)]
     assert log["summary"] == ("10 passed, 1 skipped, 3 warnings + 4 passed", 450.0)
-    assert log["numerics"] == [("ATEN_CPU_CAPABILITY=default", 25), ("MKL_ENABLE_INSTRUCTIONS=AVX2", 24)]
+    assert log["numerics"] == [("ATEN_CPU_CAPABILITY=default", 25), ("ATEN_CPU_CAPABILITY=avx2", "not rerun (the CPU's own)"),
+                               ("MKL_ENABLE_INSTRUCTIONS=AVX2", 24)]
     assert log["stamps"] == [("setup done", 40), ("lint and testbeds done", 52), ("done", 600)]
     text = ci_durations.render(log, top=2)
     # colocate: 60.23 + 36.15 + 1.50 = 97.88 -> 98 s, 26 % of the 377.3 listed test-seconds
