@@ -36,6 +36,31 @@ def test_each_part_beside_its_floor_and_the_batch_without_the_floors():
     # 30 s less the floors' 10 s of callback; the floors 4 + 6 + 10
     assert _cells(text, "**the batch**")[1:] == ["**30.000**", "100%", "20.000 (the floors)", "+10.000 s (+50%)"]
     assert "rollout 100, floor 96" in text and "2.0 MiB a rank" in text and "Batches 2-3" in text
+    assert "the gathers and casts" not in text                        # not measured: not printed
+    split = dict(FLOOR, push_reload_s=0.8, push_gather_s=0.3)
+    text = table([_batch(1.0)] * 3, [dict(split, push_reload_s=9.0), split, split])
+    assert "Of vLLM's reload, 0.800 s: the gathers and casts 0.300 s, its loader 0.500 s" in text
+
+
+def test_the_push_split_times_the_stream_apart_from_its_consumer(monkeypatch):
+    """The wrapped weight stream counts the seconds its producer takes (the gathers and casts), not
+    what the consumer (vLLM's loader) does between items."""
+    import time
+
+    from aspo_lit.rollout.vllm import VLLMEngine
+    from tools.perf import paper_path
+
+    def slow_stream(self, named_tensors):
+        for item in named_tensors:
+            time.sleep(0.05)                                          # a gather
+            yield item
+
+    monkeypatch.setattr(VLLMEngine, "_stream", slow_stream)
+    paper_path._time_the_gathers()
+    engine = VLLMEngine.__new__(VLLMEngine)
+    for _ in engine._stream([("a", 1), ("b", 2)]):
+        time.sleep(0.2)                                               # the loader
+    assert 0.1 <= engine.gather_s < 0.45, engine.gather_s   # with the loader it would be >= 0.5
 
 
 def test_a_part_without_its_floor_measured_is_an_error():

@@ -22,7 +22,8 @@ measures on the same ranks, the same batches and the same weights:
 Each floor runs in its own hook, so the batch's accounting shows its seconds as the callback's
 (``timing/callback/Floors_s``), and the table leaves them out of the batch. It prints, per part of
 the batch (means over the batches after the first, max over ranks as ``timing/*`` is logged): the
-seconds, the floor where there is one, and the overhead above it; and the push's bytes and seconds.
+seconds, the floor where there is one, and the overhead above it; and the push's bytes and seconds,
+and how vLLM's reload splits between the gathers and casts of the weight stream and vLLM's loader.
 On CPU vLLM cannot sleep (its sleep and wake calls are no-ops), so wake and sleep measure the calls'
 own cost only; the floor's ``LLM.generate`` needs the weights the rollout left (sleep level 2 on a
 GPU discards them), so the tool runs on CPU only.
@@ -58,13 +59,39 @@ def _prompt_ids(batch) -> list[list[int]]:
     return [ids[mask.bool()].tolist() for ids, mask in zip(batch.input_ids[::G, :P], batch.attention_mask[::G, :P])]
 
 
+def _time_the_gathers() -> None:
+    """Split the push: what the engine's weight stream spends producing each tensor (the FSDP2
+    gather and the cast to the engine's dtype, `VLLMEngine._stream`) is summed into the engine's
+    ``gather_s``; the rest of vLLM's in-place reload is its loader's (re-packing for its kernels)."""
+    from aspo_lit.rollout.vllm import VLLMEngine
+
+    stream = VLLMEngine._stream
+    if getattr(stream, "timed", False):
+        return
+
+    def timed(self, named_tensors):
+        self.gather_s, tensors = 0.0, stream(self, named_tensors)
+        while True:
+            start = time.perf_counter()
+            item = next(tensors, None)
+            self.gather_s += time.perf_counter() - start
+            if item is None:
+                return
+            yield item
+
+    timed.timed = True
+    VLLMEngine._stream = timed
+
+
 class Floors(Callback):
     """The floors of a rollout batch's generation and update on the same work (module docstring),
-    one JSON line per batch in ``<out_dir>/floors_rank<r>.jsonl``."""
+    one JSON line per batch in ``<out_dir>/floors_rank<r>.jsonl``; also the push's split (gather and
+    cast against vLLM's load)."""
 
     def __init__(self, out_dir: str) -> None:
         self.out_dir = Path(out_dir)
         self.row: dict = {}
+        _time_the_gathers()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         from vllm import SamplingParams
@@ -91,7 +118,9 @@ class Floors(Callback):
         self.row = {"batch": batch_idx, "generate_floor_s": seconds, "old_floor_s": old_floor_s,
                     "floor_tokens": sum(len(o.token_ids) for r in outputs for o in r.outputs),
                     "rollout_tokens": int(batch.response_lengths.sum()), "push_bytes": pushed,
-                    "push_s": engine.last_sync_s, "push_info": engine.last_sync_info}
+                    "push_s": engine.last_sync_s, "push_info": engine.last_sync_info,
+                    "push_gather_s": getattr(engine, "gather_s", None),
+                    "push_reload_s": engine.last_sync_info.get("reload_s")}
 
     @staticmethod
     def _micro_batches(trainer, pl_module, batch, epochs: int):
@@ -172,8 +201,9 @@ def _floors(out_dir: Path) -> list[dict]:
     out = []
     for rows in zip(*per_rank):
         merged = dict(rows[0])
-        for key in ("generate_floor_s", "old_floor_s", "update_floor_s", "push_s"):
-            merged[key] = max(r[key] for r in rows)
+        for key in ("generate_floor_s", "old_floor_s", "update_floor_s", "push_s", "push_gather_s", "push_reload_s"):
+            if all(r.get(key) is not None for r in rows):
+                merged[key] = max(r[key] for r in rows)
         for key in ("floor_tokens", "rollout_tokens"):
             merged[key] = sum(r[key] for r in rows)
         out.append(merged)
@@ -213,6 +243,10 @@ def table(batches: list[dict[str, float]], floors: list[dict], skip_first: int =
     lines += ["", f"Batches {skip_first + 1}-{skip_first + len(batches)}. Generated tokens per batch, all ranks: "
               f"rollout {tokens[0]:.0f}, floor {tokens[1]:.0f}. Push: {push_mib:.1f} MiB a rank "
               f"(the engine's dtype), {push_s:.3f} s ({push_mib / max(push_s, 1e-9):.0f} MiB/s)."]
+    if all(f.get("push_gather_s") is not None and f.get("push_reload_s") is not None for f in floors):
+        gather, reload = mean("push_gather_s", floors), mean("push_reload_s", floors)
+        lines[-1] += (f" Of vLLM's reload, {reload:.3f} s: the gathers and casts {gather:.3f} s, its loader "
+                      f"{reload - gather:.3f} s (the slower rank's of each).")
     return "\n".join(lines) + "\n"
 
 
