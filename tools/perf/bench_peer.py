@@ -80,7 +80,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import io
 import json
 import os
@@ -179,9 +178,11 @@ class Work:
 
 
 def instantiate(spec: dict[str, Any]) -> Any:
-    """The object a config's ``{class_path, init_args}`` names, built as the CLI builds it."""
-    module_name, cls_name = spec["class_path"].rsplit(".", 1)
-    return getattr(importlib.import_module(module_name), cls_name)(**(spec.get("init_args") or {}))
+    """The object a config's ``{class_path, init_args}`` names (Lightning's ``instantiate_class``;
+    ``init_args: null`` is no arguments, as for the CLI)."""
+    from lightning.pytorch.cli import instantiate_class
+
+    return instantiate_class((), {**spec, "init_args": spec.get("init_args") or {}})
 
 
 def load_work(shape: Shape) -> Work:

@@ -201,7 +201,9 @@ def _floors(out_dir: Path) -> list[dict]:
     out = []
     for rows in zip(*per_rank):
         merged = dict(rows[0])
-        for key in ("generate_floor_s", "old_floor_s", "update_floor_s", "push_s", "push_gather_s", "push_reload_s"):
+        for key in ("generate_floor_s", "old_floor_s", "update_floor_s", "push_s"):
+            merged[key] = max(r[key] for r in rows)
+        for key in ("push_gather_s", "push_reload_s"):   # the push's split: on the in-memory path only
             if all(r.get(key) is not None for r in rows):
                 merged[key] = max(r[key] for r in rows)
         for key in ("floor_tokens", "rollout_tokens"):
