@@ -40,6 +40,14 @@ def test_each_part_beside_its_floor_and_the_batch_without_the_floors():
     split = dict(FLOOR, push_reload_s=0.8, push_gather_s=0.3)
     text = table([_batch(1.0)] * 3, [dict(split, push_reload_s=9.0), split, split])
     assert "Of vLLM's reload, 0.800 s: the gathers and casts 0.300 s, its loader 0.500 s" in text
+    assert "The update," not in text                                  # its split not measured: not printed
+    split = dict(FLOOR, update_total_s=14.0, update_forward_s=4.0, update_loss_s=1.0, update_backward_s=7.0,
+                 update_clip_s=0.5, update_step_s=1.0)
+    text = table([_batch(1.0)] * 3, [dict(split, update_total_s=99.0), split, split])
+    assert ("The update, 14.000 s (the slower rank's of each part): forwards 4.000 s, loss maths 1.000 s, "
+            "backwards 7.000 s, gradient clip 0.500 s, optimizer step (with the finite check and zero_grad) "
+            "1.000 s, the rest (the record, the statistics, the finite checks) 0.500 s. Its forwards and "
+            "backwards, 11.000 s, against the update's floor, 10.000 s.") in text
 
 
 def test_the_push_split_times_the_stream_apart_from_its_consumer(monkeypatch):
@@ -66,3 +74,55 @@ def test_the_push_split_times_the_stream_apart_from_its_consumer(monkeypatch):
 def test_a_part_without_its_floor_measured_is_an_error():
     with pytest.raises(KeyError):
         table([_batch(1.0)] * 2, [{k: v for k, v in FLOOR.items() if k != "old_floor_s"}] * 2)
+
+
+def test_the_update_split_counts_the_update_only_and_the_clip_apart_from_the_step(monkeypatch):
+    """`UpdateSplit` sums each part's seconds inside ``_update_minibatch`` only (the pre-update pass
+    runs the same forward), and takes the clip out of ``_clip_and_step``'s time."""
+    import time
+
+    import torch
+
+    from tools.perf.paper_path import UpdateSplit
+
+    def clip(params, max_norm):
+        time.sleep(0.05)
+        return torch.tensor(1.0)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+
+    class Module:
+        def _logprobs(self, seconds=0.03):
+            time.sleep(seconds)
+
+        def _encode_prompts(self):
+            pass
+
+        def _micro_batch_loss(self):
+            time.sleep(0.01)
+
+        def manual_backward(self):
+            time.sleep(0.04)
+
+        def _clip_and_step(self):
+            torch.nn.utils.clip_grad_norm_([], 1.0)
+            time.sleep(0.05)                      # the optimizer step
+
+        def _update_minibatch(self):
+            self._logprobs()
+            self._micro_batch_loss()
+            self.manual_backward()
+            self._clip_and_step()
+            time.sleep(0.01)                      # the record, the statistics
+
+    module = Module()
+    split = UpdateSplit(module)
+    module._logprobs(0.2)                         # the pre-update pass: not the update's
+    module._update_minibatch()
+    module._update_minibatch()
+    seconds = split.reset()
+    expected = {"update_forward_s": 0.06, "update_loss_s": 0.02, "update_backward_s": 0.08,
+                "update_clip_s": 0.10, "update_step_s": 0.10, "update_total_s": 0.38}
+    for key, value in expected.items():     # sleeps overrun under load; every wrong sum is >= 0.1 s off
+        assert value <= seconds[key] < value + 0.05, (key, seconds[key])
+    assert split.reset()["update_total_s"] == 0.0

@@ -1,6 +1,10 @@
 """The paper's path on a real shape, each part of a rollout batch beside its floor.
 
-    python -m tools.perf.paper_path [--batches 6] [--out runs/perf/paper_path]
+    python -m tools.perf.paper_path [--batches 6] [--out runs/perf/paper_path] [FIT OVERRIDES ...]
+
+Other arguments go to the fit after the config's: ``--trainer.strategy.param_dtype=null`` computes
+in fp32 on a CPU that emulates bf16 (without AVX-512 BF16: a 256 x 896 x 896 product takes 240 ms
+in bf16 against 4 ms in fp32 on a 2-core AVX2 EPYC).
 
 Runs ``conf/aspo.yaml`` as ``make rehearse CONFIGS=aspo_real_shape`` does (the CPU overlay and the
 real-shape overlay: 2 ranks over gloo, FSDP2, the colocated vLLM engine with sleep mode, one per
@@ -22,8 +26,10 @@ measures on the same ranks, the same batches and the same weights:
 Each floor runs in its own hook, so the batch's accounting shows its seconds as the callback's
 (``timing/callback/Floors_s``), and the table leaves them out of the batch. It prints, per part of
 the batch (means over the batches after the first, max over ranks as ``timing/*`` is logged): the
-seconds, the floor where there is one, and the overhead above it; and the push's bytes and seconds,
-and how vLLM's reload splits between the gathers and casts of the weight stream and vLLM's loader.
+seconds, the floor where there is one, and the overhead above it; the push's bytes and seconds,
+and how vLLM's reload splits between the gathers and casts of the weight stream and vLLM's loader;
+and how the update splits (`UpdateSplit`: its forwards, the loss maths, the backwards, the
+gradient clip, the optimizer step, and the rest: the record, the statistics, the finite checks).
 On CPU vLLM cannot sleep (its sleep and wake calls are no-ops), so wake and sleep measure the calls'
 own cost only; the floor's ``LLM.generate`` needs the weights the rollout left (sleep level 2 on a
 GPU discards them), so the tool runs on CPU only.
@@ -83,6 +89,63 @@ def _time_the_gathers() -> None:
     VLLMEngine._stream = timed
 
 
+#: the update's parts `UpdateSplit` times: (the module's method, the part's key); the clip is
+#: ``torch.nn.utils.clip_grad_norm_`` inside ``_clip_and_step``, whose rest is the optimizer step
+SPLIT = (("_logprobs", "update_forward_s"), ("_encode_prompts", "update_forward_s"),
+         ("_micro_batch_loss", "update_loss_s"), ("manual_backward", "update_backward_s"),
+         ("_clip_and_step", "update_step_s"))
+SPLIT_KEYS = ("update_total_s", "update_forward_s", "update_loss_s", "update_backward_s", "update_clip_s",
+              "update_step_s")
+
+
+class UpdateSplit:
+    """Times the parts of the module's update (``ASPOModule._update_minibatch``) by wrapping the
+    module's own methods on the instance: only calls made inside the update count (the pre-update
+    pass runs the same forward). ``seconds`` holds the batch's sums; ``update_step_s`` is
+    ``_clip_and_step`` less the clip (the finite check's all-reduce, AdamW's step, zero_grad)."""
+
+    def __init__(self, pl_module) -> None:
+        self.seconds = dict.fromkeys(SPLIT_KEYS, 0.0)
+        self.inside = False
+        self._wrap(pl_module, "_update_minibatch", "update_total_s", always=True)
+        for method, key in SPLIT:
+            self._wrap(pl_module, method, key)
+        clip = torch.nn.utils.clip_grad_norm_
+
+        def timed_clip(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return clip(*args, **kwargs)
+            finally:
+                if self.inside:
+                    seconds = time.perf_counter() - start
+                    self.seconds["update_clip_s"] += seconds
+                    self.seconds["update_step_s"] -= seconds   # counted in `_clip_and_step`'s time
+
+        torch.nn.utils.clip_grad_norm_ = timed_clip
+
+    def _wrap(self, obj, method: str, key: str, always: bool = False) -> None:
+        original = getattr(obj, method)
+
+        def timed(*args, **kwargs):
+            if not (self.inside or always):
+                return original(*args, **kwargs)
+            outer, self.inside = self.inside, True
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.inside = outer
+                self.seconds[key] += time.perf_counter() - start
+
+        setattr(obj, method, timed)
+
+    def reset(self) -> dict[str, float]:
+        """The sums since the last reset, and zero them."""
+        out, self.seconds = self.seconds, dict.fromkeys(SPLIT_KEYS, 0.0)
+        return out
+
+
 class Floors(Callback):
     """The floors of a rollout batch's generation and update on the same work (module docstring),
     one JSON line per batch in ``<out_dir>/floors_rank<r>.jsonl``; also the push's split (gather and
@@ -91,7 +154,11 @@ class Floors(Callback):
     def __init__(self, out_dir: str) -> None:
         self.out_dir = Path(out_dir)
         self.row: dict = {}
+        self.split: UpdateSplit | None = None
         _time_the_gathers()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.split = UpdateSplit(pl_module)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         from vllm import SamplingParams
@@ -121,6 +188,7 @@ class Floors(Callback):
                     "push_s": engine.last_sync_s, "push_info": engine.last_sync_info,
                     "push_gather_s": getattr(engine, "gather_s", None),
                     "push_reload_s": engine.last_sync_info.get("reload_s")}
+        self.split.reset()                       # the update's split counts this batch's update only
 
     @staticmethod
     def _micro_batches(trainer, pl_module, batch, epochs: int):
@@ -167,7 +235,7 @@ class Floors(Callback):
         seconds = time.perf_counter() - start
         for p in policy.parameters():
             p.grad = None
-        self.row.update(update_floor_s=seconds, floor_micro_batches=micro_batches)
+        self.row.update(update_floor_s=seconds, floor_micro_batches=micro_batches, **self.split.reset())
         self.out_dir.mkdir(parents=True, exist_ok=True)
         with (self.out_dir / f"floors_rank{trainer.global_rank}.jsonl").open("a") as f:
             f.write(json.dumps(self.row) + "\n")
@@ -203,7 +271,7 @@ def _floors(out_dir: Path) -> list[dict]:
         merged = dict(rows[0])
         for key in ("generate_floor_s", "old_floor_s", "update_floor_s", "push_s"):
             merged[key] = max(r[key] for r in rows)
-        for key in ("push_gather_s", "push_reload_s"):   # the push's split: on the in-memory path only
+        for key in ("push_gather_s", "push_reload_s", *SPLIT_KEYS):   # the splits: where measured
             if all(r.get(key) is not None for r in rows):
                 merged[key] = max(r[key] for r in rows)
         for key in ("floor_tokens", "rollout_tokens"):
@@ -249,6 +317,17 @@ def table(batches: list[dict[str, float]], floors: list[dict], skip_first: int =
         gather, reload = mean("push_gather_s", floors), mean("push_reload_s", floors)
         lines[-1] += (f" Of vLLM's reload, {reload:.3f} s: the gathers and casts {gather:.3f} s, its loader "
                       f"{reload - gather:.3f} s (the slower rank's of each).")
+    if all(all(f.get(k) is not None for k in SPLIT_KEYS) for f in floors):
+        split = {k: mean(k, floors) for k in SPLIT_KEYS}
+        parts = {"forwards": split["update_forward_s"], "loss maths": split["update_loss_s"],
+                 "backwards": split["update_backward_s"], "gradient clip": split["update_clip_s"],
+                 "optimizer step (with the finite check and zero_grad)": split["update_step_s"]}
+        rest = split["update_total_s"] - sum(parts.values())
+        bare = split["update_forward_s"] + split["update_backward_s"]
+        lines += ["", f"The update, {split['update_total_s']:.3f} s (the slower rank's of each part): "
+                  + ", ".join(f"{name} {s:.3f} s" for name, s in parts.items())
+                  + f", the rest (the record, the statistics, the finite checks) {rest:.3f} s. Its forwards and "
+                  f"backwards, {bare:.3f} s, against the update's floor, {mean('update_floor_s', floors):.3f} s."]
     return "\n".join(lines) + "\n"
 
 
@@ -256,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=6, help="rollout batches (the first is left out of the means)")
     parser.add_argument("--out", type=Path, default=REPO / "runs/perf/paper_path")
-    args = parser.parse_args(argv)
+    args, overrides = parser.parse_known_args(argv)
 
     from tools.rehearsal.run import CONFIGS, ENV, overlays, run_overrides, write_data
 
@@ -268,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     fit = [sys.executable, "-m", "aspo_lit", "fit", *sum((["--config", c] for c in configs + overlays(configs, REHEARSAL)), []),
            *extra, f"--trainer.limit_train_batches={args.batches}",
            f"--trainer.logger.init_args.save_dir={out}", "--trainer.callbacks+=tools.perf.paper_path.Floors",
-           f"--trainer.callbacks.init_args.out_dir={out / 'floors'}"]
+           f"--trainer.callbacks.init_args.out_dir={out / 'floors'}", *overrides]
     print(" ".join(fit), flush=True)
     start = time.perf_counter()
     subprocess.run(fit, cwd=REPO, env=ENV, check=True)
