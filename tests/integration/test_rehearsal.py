@@ -25,8 +25,8 @@ def test_every_shipped_fit_config_is_rehearsed():
 #: the 2-node one's (~2.5 min: every fit two torchrun launches; its config and launch are checked below)
 HEAVY = ("aspo_real_shape", "aspo_2nodes")
 #: the rehearsals tests/integration/test_rehearsal_more.py runs: a second file, so that pytest-xdist (`--dist
-#: loadfile`) can give them to the other worker (the fits of each file take ~10 min of a worker's time on a
-#: 2-core AVX2 machine: `aspo` and `qwen3_30b_a3b` here, `grpo`, `archer` and `code_aspo` there)
+#: loadfile`) can give them to the other worker (the fits of each file take 6-10 min of a worker's time on a
+#: 2-core AVX2 machine: `aspo` and `qwen3_30b_a3b` here, `archer` and `code_aspo` there)
 IN_SECOND_FILE = ("grpo", "archer", "aspo+grpo_no_is", "qwen3_8b", "code_aspo", "code_grpo", "code_qwen3_4b",
                   "code_archer2_data")
 

@@ -48,15 +48,15 @@ checkpoint), it:
 5. with `model.rollout_is_cap`: every loss call got per-token truncated IS weights, none above
    the cap; for the MoE config, the trained policy's model_type is `qwen3_moe`.
 
-`code_qwen3_4b` and `code_archer2_data` rehearse as `code_aspo`, and `qwen3_8b` as `qwen3_4b`, once
-the overlay has replaced their model, data and lengths: for them step 1 runs, and a check that their
-rehearsed effective config is the other's (the logger's name aside) stands for steps 2-4. `qwen3_4b`
-(once the overlay has replaced its model and lengths) and the loss ablations `aspo+grpo_no_is`,
-`aspo+grpo_pos_mean`, `aspo+aspo_no_dual_clip`, `aspo+cispo` rehearse as `grpo`, and `code_grpo` as
-`code_aspo`: step 1, a check that their effective configs differ from those in the loss and the
-logger's name only, and their loss built from the config (every built-in loss is a per-token
-function of its own row, aggregated and reduced over ranks by shared code; tests/unit/test_losses.py
-splits each one's batch over rows). The effective configs of step 1 are read in-process
+`code_qwen3_4b` and `code_archer2_data` rehearse as `code_aspo`, and `qwen3_4b` and `qwen3_8b` as
+`aspo`, once the overlay has replaced their model, data and lengths: for them step 1 runs, and a
+check that their rehearsed effective config is the other's (the logger's name aside) stands for
+steps 2-4. `grpo` and the loss ablations `aspo+grpo_no_is`, `aspo+grpo_pos_mean`,
+`aspo+aspo_no_dual_clip`, `aspo+cispo` rehearse as `aspo`, and `code_grpo` as `code_aspo`: step 1, a
+check that their effective configs differ from those in the loss and the logger's name only, and
+their loss built from the config (every built-in loss is a per-token function of its own row,
+aggregated and reduced over ranks by shared code; tests/unit/test_losses.py splits each one's batch
+over rows). The effective configs of step 1 are read in-process
 (`print_config`), the fits run as subprocesses.
 
 The verdict of each config goes to `runs/rehearsal/<config>.json` (with the engine topology that
@@ -108,7 +108,8 @@ STANDINS = {"qwen3_30b_a3b": "TINY_MOE", "aspo_real_shape": "REAL_SHAPE"}
 RSS_BOUND_MIB = {"aspo_real_shape": 8192}
 #: configs whose rehearsed run is another config's (the overlay replaces all they change: model id,
 #: data sources): checked by the config diff and that identity (the logger's name aside), not a fit
-SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo", "qwen3_8b": "qwen3_4b"}
+SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo", "qwen3_4b": "aspo",
+               "qwen3_8b": "aspo"}
 #: configs that differ from another only in the loss (and the logger's name): their rehearsal is
 #: step 1, that identity (asserted: the effective configs differ in no other key) and the loss built
 #: from the config. The other config's fits stand for theirs: every built-in loss is a per-token
@@ -116,8 +117,8 @@ SAME_RUN_AS = {"code_qwen3_4b": "code_aspo", "code_archer2_data": "code_aspo", "
 #: (`PolicyLoss.__call__`), and tests/unit/test_losses.py checks that each one's loss and gradient
 #: over a split of the rows (micro-batches, ranks) equal the whole batch's; a checkpoint holds no
 #: loss state
-LOSS_ONLY_AS = {"qwen3_4b": "grpo", "aspo+grpo_no_is": "grpo", "aspo+grpo_pos_mean": "grpo",
-                "aspo+aspo_no_dual_clip": "grpo", "aspo+cispo": "grpo", "code_grpo": "code_aspo"}
+LOSS_ONLY_AS = {"grpo": "aspo", "aspo+grpo_no_is": "aspo", "aspo+grpo_pos_mean": "aspo",
+                "aspo+aspo_no_dual_clip": "aspo", "aspo+cispo": "aspo", "code_grpo": "code_aspo"}
 LOSS_ONLY_KEYS = ("model.loss", "trainer.logger.init_args.name")
 #: extra overrides of the interrupted and resumed runs only: the MoE config's uninterrupted run
 #: pushes at rollout TP 2 (its overlay: the experts' weights split over the TP group), its
