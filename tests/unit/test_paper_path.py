@@ -76,6 +76,19 @@ def test_a_part_without_its_floor_measured_is_an_error():
         table([_batch(1.0)] * 2, [{k: v for k, v in FLOOR.items() if k != "old_floor_s"}] * 2)
 
 
+def test_the_transformers_engine_has_no_generation_floor_and_no_push():
+    """A run on the transformers engine (`--config conf/tiny/grpo.yaml`) measures the pre-update pass's
+    and the update's floors only: generation is printed without a floor, the batch's floors leave it out."""
+    hf = {k: v for k, v in FLOOR.items() if k not in ("generate_floor_s", "floor_tokens", "push_bytes")}
+    text = table([_batch(1.0)] * 3, [hf] * 3)
+    assert _cells(text, "generate")[1:] == ["5.000", "17%", "", ""]
+    assert _cells(text, "update")[3:] == ["10.000", "+4.000 s (+40%)"]
+    assert _cells(text, "**the batch**")[1:] == ["**30.000**", "100%", "16.000 (the floors)", "+14.000 s (+88%)"]
+    assert "rollout 100. The engine is not vLLM: no generation floor, no push." in text
+    with pytest.raises(KeyError):           # one rank's or one batch's missing update floor is still an error
+        table([_batch(1.0)] * 3, [hf, hf, {k: v for k, v in hf.items() if k != "update_floor_s"}])
+
+
 def test_the_update_split_counts_the_update_only_and_the_clip_apart_from_the_step(monkeypatch):
     """`UpdateSplit` sums each part's seconds inside ``_update_minibatch`` only (the pre-update pass
     runs the same forward), and takes the clip out of ``_clip_and_step``'s time."""

@@ -1,6 +1,7 @@
 """The paper's path on a real shape, each part of a rollout batch beside its floor.
 
     python -m tools.perf.paper_path [--batches 6] [--out runs/perf/paper_path] [FIT OVERRIDES ...]
+    python -m tools.perf.paper_path --config conf/tiny/grpo.yaml [--out DIR]   # the demo's update against its floor
 
 Other arguments go to the fit after the config's: ``--trainer.strategy.param_dtype=null`` computes
 in fp32 on a CPU that emulates bf16 (without AVX-512 BF16: a 256 x 896 x 896 product takes 240 ms
@@ -30,7 +31,9 @@ seconds, the floor where there is one, and the overhead above it; the push's byt
 and how vLLM's reload splits between the gathers and casts of the weight stream and vLLM's loader;
 and how the update splits (`UpdateSplit`: its forwards, the loss maths, the backwards, the
 gradient clip, the optimizer step, and the rest: the record, the statistics, the finite checks).
-On CPU vLLM cannot sleep (its sleep and wake calls are no-ops), so wake and sleep measure the calls'
+``--config FILE`` runs that config as it is instead (no overlay, no stand-in); on the transformers
+engine (the demo's) there is no generation floor and no push, and the table prints the pre-update
+pass and the update against theirs. On CPU vLLM cannot sleep (its sleep and wake calls are no-ops), so wake and sleep measure the calls'
 own cost only; the floor's ``LLM.generate`` needs the weights the rollout left (sleep level 2 on a
 GPU discards them), so the tool runs on CPU only.
 """
@@ -161,12 +164,20 @@ class Floors(Callback):
         self.split = UpdateSplit(pl_module)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        _, engine = _engine(trainer)
+        self.row = {"batch": batch_idx, "rollout_tokens": int(batch.response_lengths.sum())}
+        if hasattr(engine, "llm"):               # the transformers engine has no floor of its own
+            self.row.update(self._generate_floor(trainer, pl_module, batch, batch_idx))
+        self.row["old_floor_s"] = self._forward_floor(trainer, pl_module, batch)
+        self.split.reset()                       # the update's split counts this batch's update only
+
+    @staticmethod
+    def _generate_floor(trainer, pl_module, batch, batch_idx) -> dict:
+        """vLLM's own ``LLM.generate`` on the batch's prompts, and the push's bytes and seconds."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         controller, engine = _engine(trainer)
-        if engine is None or not hasattr(engine, "llm"):
-            raise RuntimeError("Floors measures the vLLM engine's floor: run with the VLLMEngine")
         sampling = controller.settings.sampling(0)
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in _prompt_ids(batch)]
         params = SamplingParams(n=batch.group_size, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -178,17 +189,13 @@ class Floors(Callback):
             outputs = engine.llm.generate(prompts, [params] * len(prompts), use_tqdm=False)
             seconds = time.perf_counter() - start
         engine.sleep()
-        old_floor_s = self._forward_floor(trainer, pl_module, batch)
         itemsize = torch.empty(0, dtype=engine.model_dtype).element_size()
         pushed = sum(t.numel() for n, t in pl_module.policy.state_dict().items()
                      if not (engine.tied_embeddings and n == "lm_head.weight")) * itemsize
-        self.row = {"batch": batch_idx, "generate_floor_s": seconds, "old_floor_s": old_floor_s,
-                    "floor_tokens": sum(len(o.token_ids) for r in outputs for o in r.outputs),
-                    "rollout_tokens": int(batch.response_lengths.sum()), "push_bytes": pushed,
-                    "push_s": engine.last_sync_s, "push_info": engine.last_sync_info,
-                    "push_gather_s": getattr(engine, "gather_s", None),
-                    "push_reload_s": engine.last_sync_info.get("reload_s")}
-        self.split.reset()                       # the update's split counts this batch's update only
+        return {"generate_floor_s": seconds, "floor_tokens": sum(len(o.token_ids) for r in outputs for o in r.outputs),
+                "push_bytes": pushed, "push_s": engine.last_sync_s, "push_info": engine.last_sync_info,
+                "push_gather_s": getattr(engine, "gather_s", None),
+                "push_reload_s": engine.last_sync_info.get("reload_s")}
 
     @staticmethod
     def _micro_batches(trainer, pl_module, batch, epochs: int):
@@ -269,13 +276,15 @@ def _floors(out_dir: Path) -> list[dict]:
     out = []
     for rows in zip(*per_rank):
         merged = dict(rows[0])
-        for key in ("generate_floor_s", "old_floor_s", "update_floor_s", "push_s"):
+        for key in ("old_floor_s", "update_floor_s"):
             merged[key] = max(r[key] for r in rows)
-        for key in ("push_gather_s", "push_reload_s", *SPLIT_KEYS):   # the splits: where measured
+        # where measured: the generation floor and the push (vLLM only), the splits
+        for key in ("generate_floor_s", "push_s", "push_gather_s", "push_reload_s", *SPLIT_KEYS):
             if all(r.get(key) is not None for r in rows):
                 merged[key] = max(r[key] for r in rows)
         for key in ("floor_tokens", "rollout_tokens"):
-            merged[key] = sum(r[key] for r in rows)
+            if all(r.get(key) is not None for r in rows):
+                merged[key] = sum(r[key] for r in rows)
         out.append(merged)
     return out
 
@@ -298,7 +307,7 @@ def table(batches: list[dict[str, float]], floors: list[dict], skip_first: int =
     for key, name, floor_key in PARTS:
         seconds = mean(key, batches)
         cells = ["", ""]
-        if floor_key:
+        if floor_key and not (floor_key == "generate_floor_s" and any(f.get(floor_key) is None for f in floors)):
             floor = mean(floor_key, floors)
             floor_sum += floor
             cells = [f"{floor:.3f}", f"{seconds - floor:+.3f} s ({seconds / floor - 1:+.0%})"]
@@ -308,11 +317,14 @@ def table(batches: list[dict[str, float]], floors: list[dict], skip_first: int =
         lines.append(f"| {name} | {seconds:.3f} | {seconds / whole:.0%} | | |")
     lines.append(f"| **the batch** | **{whole:.3f}** | 100% | {floor_sum:.3f} (the floors) | "
                  f"{whole - floor_sum:+.3f} s ({whole / floor_sum - 1:+.0%}) |")
-    tokens = (mean("rollout_tokens", floors), mean("floor_tokens", floors))
-    push_mib, push_s = mean("push_bytes", floors) / 2**20, mean("timing/weight_sync_s", batches)
     lines += ["", f"Batches {skip_first + 1}-{skip_first + len(batches)}. Generated tokens per batch, all ranks: "
-              f"rollout {tokens[0]:.0f}, floor {tokens[1]:.0f}. Push: {push_mib:.1f} MiB a rank "
-              f"(the engine's dtype), {push_s:.3f} s ({push_mib / max(push_s, 1e-9):.0f} MiB/s)."]
+              f"rollout {mean('rollout_tokens', floors):.0f}"]
+    if all(f.get("generate_floor_s") is not None for f in floors):   # vLLM's: the transformers engine has none
+        push_mib, push_s = mean("push_bytes", floors) / 2**20, mean("timing/weight_sync_s", batches)
+        lines[-1] += (f", floor {mean('floor_tokens', floors):.0f}. Push: {push_mib:.1f} MiB a rank "
+                      f"(the engine's dtype), {push_s:.3f} s ({push_mib / max(push_s, 1e-9):.0f} MiB/s).")
+    else:
+        lines[-1] += ". The engine is not vLLM: no generation floor, no push."
     if all(f.get("push_gather_s") is not None and f.get("push_reload_s") is not None for f in floors):
         gather, reload = mean("push_gather_s", floors), mean("push_reload_s", floors)
         lines[-1] += (f" Of vLLM's reload, {reload:.3f} s: the gathers and casts {gather:.3f} s, its loader "
@@ -335,16 +347,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=6, help="rollout batches (the first is left out of the means)")
     parser.add_argument("--out", type=Path, default=REPO / "runs/perf/paper_path")
+    parser.add_argument("--config", help="run this config as it is instead of the real-shape rehearsal (e.g. "
+                        "conf/tiny/grpo.yaml: the transformers engine, so no generation floor and no push)")
     args, overrides = parser.parse_known_args(argv)
 
     from tools.rehearsal.run import CONFIGS, ENV, overlays, run_overrides, write_data
 
-    configs = CONFIGS[REHEARSAL]
-    _, extra = run_overrides(REHEARSAL)      # builds the stand-in: --model.model_name_or_path=<its folder>
-    write_data(args.out)
     out = args.out.resolve()
+    if args.config:
+        files, extra = [args.config], []
+    else:
+        configs = CONFIGS[REHEARSAL]
+        files = configs + overlays(configs, REHEARSAL)
+        _, extra = run_overrides(REHEARSAL)  # builds the stand-in: --model.model_name_or_path=<its folder>
+        write_data(args.out)
     shutil.rmtree(out, ignore_errors=True)   # a stale last.ckpt would be resumed
-    fit = [sys.executable, "-m", "aspo_lit", "fit", *sum((["--config", c] for c in configs + overlays(configs, REHEARSAL)), []),
+    fit = [sys.executable, "-m", "aspo_lit", "fit", *sum((["--config", c] for c in files), []),
            *extra, f"--trainer.limit_train_batches={args.batches}",
            f"--trainer.logger.init_args.save_dir={out}", "--trainer.callbacks+=tools.perf.paper_path.Floors",
            f"--trainer.callbacks.init_args.out_dir={out / 'floors'}", *overrides]
