@@ -20,6 +20,29 @@ FLOOR = {"generate_floor_s": 4.0, "old_floor_s": 6.0, "update_floor_s": 10.0, "p
          "rollout_tokens": 100, "floor_tokens": 96}
 
 
+class Clock:
+    """``time.perf_counter`` for the timers under test: it moves only when `spend` is called, so
+    each sum is exact whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spend(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    import time
+
+    fake = Clock()
+    monkeypatch.setattr(time, "perf_counter", fake)
+    return fake
+
+
 def _cells(text: str, part: str) -> list[str]:
     row = next(line for line in text.splitlines() if line.startswith(f"| {part} |"))
     return [c.strip() for c in row.strip("|").split("|")]
@@ -50,25 +73,23 @@ def test_each_part_beside_its_floor_and_the_batch_without_the_floors():
             "backwards, 11.000 s, against the update's floor, 10.000 s.") in text
 
 
-def test_the_push_split_times_the_stream_apart_from_its_consumer(monkeypatch):
+def test_the_push_split_times_the_stream_apart_from_its_consumer(monkeypatch, clock):
     """The wrapped weight stream counts the seconds its producer takes (the gathers and casts), not
     what the consumer (vLLM's loader) does between items."""
-    import time
-
     from aspo_lit.rollout.vllm import VLLMEngine
     from tools.perf import paper_path
 
     def slow_stream(self, named_tensors):
         for item in named_tensors:
-            time.sleep(0.05)                                          # a gather
+            clock.spend(0.05)                                         # a gather
             yield item
 
     monkeypatch.setattr(VLLMEngine, "_stream", slow_stream)
     paper_path._time_the_gathers()
     engine = VLLMEngine.__new__(VLLMEngine)
     for _ in engine._stream([("a", 1), ("b", 2)]):
-        time.sleep(0.2)                                               # the loader
-    assert 0.1 <= engine.gather_s < 0.45, engine.gather_s   # with the loader it would be >= 0.5
+        clock.spend(0.2)                                              # the loader
+    assert engine.gather_s == pytest.approx(0.1), engine.gather_s     # with the loader's it would be 0.5
 
 
 def test_a_part_without_its_floor_measured_is_an_error():
@@ -89,44 +110,42 @@ def test_the_transformers_engine_has_no_generation_floor_and_no_push():
         table([_batch(1.0)] * 3, [hf, hf, {k: v for k, v in hf.items() if k != "update_floor_s"}])
 
 
-def test_the_update_split_counts_the_update_only_and_the_clip_apart_from_the_step(monkeypatch):
+def test_the_update_split_counts_the_update_only_and_the_clip_apart_from_the_step(monkeypatch, clock):
     """`UpdateSplit` sums each part's seconds inside ``_update_minibatch`` only (the pre-update pass
     runs the same forward), and takes the clip out of ``_clip_and_step``'s time."""
-    import time
-
     import torch
 
     from tools.perf.paper_path import UpdateSplit
 
     def clip(params, max_norm):
-        time.sleep(0.05)
+        clock.spend(0.05)
         return torch.tensor(1.0)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
 
     class Module:
         def _logprobs(self, seconds=0.03):
-            time.sleep(seconds)
+            clock.spend(seconds)
 
         def _encode_prompts(self):
             pass
 
         def _micro_batch_loss(self):
-            time.sleep(0.01)
+            clock.spend(0.01)
 
         def manual_backward(self):
-            time.sleep(0.04)
+            clock.spend(0.04)
 
         def _clip_and_step(self):
             torch.nn.utils.clip_grad_norm_([], 1.0)
-            time.sleep(0.05)                      # the optimizer step
+            clock.spend(0.05)                      # the optimizer step
 
         def _update_minibatch(self):
             self._logprobs()
             self._micro_batch_loss()
             self.manual_backward()
             self._clip_and_step()
-            time.sleep(0.01)                      # the record, the statistics
+            clock.spend(0.01)                      # the record, the statistics
 
     module = Module()
     split = UpdateSplit(module)
@@ -136,6 +155,5 @@ def test_the_update_split_counts_the_update_only_and_the_clip_apart_from_the_ste
     seconds = split.reset()
     expected = {"update_forward_s": 0.06, "update_loss_s": 0.02, "update_backward_s": 0.08,
                 "update_clip_s": 0.10, "update_step_s": 0.10, "update_total_s": 0.38}
-    for key, value in expected.items():     # sleeps overrun under load; every wrong sum is >= 0.1 s off
-        assert value <= seconds[key] < value + 0.05, (key, seconds[key])
+    assert seconds == pytest.approx(expected), seconds
     assert split.reset()["update_total_s"] == 0.0
