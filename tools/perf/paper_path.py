@@ -345,10 +345,12 @@ def table(batches: list[dict[str, float]], floors: list[dict], skip_first: int =
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=6, help="rollout batches (the first is left out of the means)")
+    parser.add_argument("--batches", type=int, default=6, help="rollout batches an epoch (--trainer.limit_train_batches; the first is left out of "
+                        "the means); a config with max_steps stops there")
     parser.add_argument("--out", type=Path, default=REPO / "runs/perf/paper_path")
     parser.add_argument("--config", help="run this config as it is instead of the real-shape rehearsal (e.g. "
-                        "conf/tiny/grpo.yaml: the transformers engine, so no generation floor and no push)")
+                        "conf/tiny/grpo.yaml, all 40 of its batches: the transformers engine, so no generation floor "
+                        "and no push)")
     args, overrides = parser.parse_known_args(argv)
 
     from tools.rehearsal.run import CONFIGS, ENV, overlays, run_overrides, write_data
