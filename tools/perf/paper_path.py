@@ -33,8 +33,8 @@ and how the update splits (`UpdateSplit`: its forwards, the loss maths, the back
 gradient clip, the optimizer step, and the rest: the record, the statistics, the finite checks).
 ``--config FILE`` runs that config as it is instead (no overlay, no stand-in); on the transformers
 engine (the demo's) there is no generation floor and no push, and the table prints the pre-update
-pass and the update against theirs. On CPU vLLM cannot sleep (its sleep and wake calls are no-ops), so wake and sleep measure the calls'
-own cost only; the floor's ``LLM.generate`` needs the weights the rollout left (sleep level 2 on a
+pass and the update against theirs. On CPU vLLM cannot sleep (its sleep and wake calls are
+no-ops), so wake and sleep measure the calls' own cost only; the floor's ``LLM.generate`` needs the weights the rollout left (sleep level 2 on a
 GPU discards them), so the tool runs on CPU only.
 """
 
@@ -164,20 +164,19 @@ class Floors(Callback):
         self.split = UpdateSplit(pl_module)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        _, engine = _engine(trainer)
+        controller, engine = _engine(trainer)
         self.row = {"batch": batch_idx, "rollout_tokens": int(batch.response_lengths.sum())}
         if hasattr(engine, "llm"):               # the transformers engine has no floor of its own
-            self.row.update(self._generate_floor(trainer, pl_module, batch, batch_idx))
+            self.row.update(self._generate_floor(controller, engine, pl_module, batch, batch_idx))
         self.row["old_floor_s"] = self._forward_floor(trainer, pl_module, batch)
         self.split.reset()                       # the update's split counts this batch's update only
 
     @staticmethod
-    def _generate_floor(trainer, pl_module, batch, batch_idx) -> dict:
+    def _generate_floor(controller, engine, pl_module, batch, batch_idx) -> dict:
         """vLLM's own ``LLM.generate`` on the batch's prompts, and the push's bytes and seconds."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        controller, engine = _engine(trainer)
         sampling = controller.settings.sampling(0)
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in _prompt_ids(batch)]
         params = SamplingParams(n=batch.group_size, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -304,10 +303,11 @@ def table(batches: list[dict[str, float]], floors: list[dict], skip_first: int =
     whole = mean("timing/batch_s", batches) - mean("timing/callback/Floors_s", batches)
     lines = ["| part | s per batch | share | floor, s | above the floor |", "|---|--:|--:|--:|--:|"]
     floor_sum = 0.0
+    vllm = all(f.get("generate_floor_s") is not None for f in floors)   # the transformers engine has no floor
     for key, name, floor_key in PARTS:
         seconds = mean(key, batches)
         cells = ["", ""]
-        if floor_key and not (floor_key == "generate_floor_s" and any(f.get(floor_key) is None for f in floors)):
+        if floor_key and (vllm or floor_key != "generate_floor_s"):
             floor = mean(floor_key, floors)
             floor_sum += floor
             cells = [f"{floor:.3f}", f"{seconds - floor:+.3f} s ({seconds / floor - 1:+.0%})"]
@@ -319,7 +319,7 @@ def table(batches: list[dict[str, float]], floors: list[dict], skip_first: int =
                  f"{whole - floor_sum:+.3f} s ({whole / floor_sum - 1:+.0%}) |")
     lines += ["", f"Batches {skip_first + 1}-{skip_first + len(batches)}. Generated tokens per batch, all ranks: "
               f"rollout {mean('rollout_tokens', floors):.0f}"]
-    if all(f.get("generate_floor_s") is not None for f in floors):   # vLLM's: the transformers engine has none
+    if vllm:
         push_mib, push_s = mean("push_bytes", floors) / 2**20, mean("timing/weight_sync_s", batches)
         lines[-1] += (f", floor {mean('floor_tokens', floors):.0f}. Push: {push_mib:.1f} MiB a rank "
                       f"(the engine's dtype), {push_s:.3f} s ({push_mib / max(push_s, 1e-9):.0f} MiB/s).")
@@ -345,8 +345,9 @@ def table(batches: list[dict[str, float]], floors: list[dict], skip_first: int =
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=6, help="rollout batches an epoch (--trainer.limit_train_batches; the first is left out of "
-                        "the means); a config with max_steps stops there")
+    parser.add_argument("--batches", type=int, default=6,
+                        help="rollout batches an epoch (--trainer.limit_train_batches; the first is left out of the "
+                        "means); a config with max_steps stops there")
     parser.add_argument("--out", type=Path, default=REPO / "runs/perf/paper_path")
     parser.add_argument("--config", help="run this config as it is instead of the real-shape rehearsal (e.g. "
                         "conf/tiny/grpo.yaml, all 40 of its batches: the transformers engine, so no generation floor "
